@@ -1,0 +1,180 @@
+"""Devices: actors that own their lanes (worker threads), their streams and their apply lock.
+
+The CPU device runs numpy kernels on `lanes` worker threads; a stream is bound to one lane. The CUDA
+device (`_cuda.py`) maps the same interface onto cupy streams and events.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+import trio
+
+from ..actors import Actor
+from ._stream import Lane, Stream
+
+# Kernels whose output has at most this many elements may run inline on the calling thread when their
+# stream is idle: a hand-off to a lane costs ~10 us round trip, far more than such a kernel (measured in
+# benchmarks/bench.py W2; numpy ufuncs under ~500 elements do not even release the GIL).
+INLINE_MAX_ELEMENTS = 4096
+
+
+@attrs.frozen
+class DeviceStatistics:
+    """Counters of one device."""
+
+    name: str
+    lanes: int
+    streams_created: int
+    streams_free: int
+    streams_in_use: int
+
+
+@attrs.frozen
+class Synchronize:
+    """Message: reply once every stream of the device has finished its submitted work."""
+
+
+@attrs.frozen
+class GetStatistics:
+    """Message: reply with the device's statistics."""
+
+
+class StreamPool:
+    """Hands out streams; a released stream is reused only once its work is done."""
+
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self._free: list[Stream] = []
+        self._draining: list[Stream] = []
+        self.created = 0
+        self.in_use = 0
+
+    def acquire(self) -> Stream:
+        if self._draining:
+            still = []
+            for s in self._draining:
+                (self._free if s.query() else still).append(s)
+            self._draining = still
+        self.in_use += 1
+        if self._free:
+            return self._free.pop()
+        self.created += 1
+        return self._device._new_stream()
+
+    def release(self, stream: Stream) -> None:
+        self.in_use -= 1
+        (self._free if stream.query() else self._draining).append(stream)
+
+    def all_streams(self) -> list[Stream]:
+        return list(self._device._streams)
+
+
+class Device(Actor):
+    """Base of devices: a name, a stream pool, and the actor loop that owns the device's workers."""
+
+    type: str = "?"
+
+    def __init__(self, index: int = 0) -> None:
+        super().__init__(f"{self.type}:{index}")
+        self.index = index
+        self.pool = StreamPool(self)
+        self._streams: list[Stream] = []
+        # held by a graph task while it runs an async (reentrant-capable) backward on this device; a
+        # reentrant await releases it so the inner pass can use the device
+        self.apply_lock = trio.Lock()
+
+    def __str__(self) -> str:
+        return self.type if self.index == 0 else f"{self.type}:{self.index}"
+
+    def __repr__(self) -> str:
+        return f"device({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return _canonical(other) == (self.type, self.index)
+        if isinstance(other, Device):
+            return (other.type, other.index) == (self.type, self.index)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.index))
+
+    def _new_stream(self) -> Stream:
+        raise NotImplementedError
+
+    async def handle(self, msg: Any) -> Any:
+        if isinstance(msg, Synchronize):
+            for s in list(self._streams):
+                await s.synchronize()
+            return None
+        if isinstance(msg, GetStatistics):
+            return self.device_statistics()
+        raise TypeError(f"device {self} got an unknown message {msg!r}")
+
+    def device_statistics(self) -> DeviceStatistics:
+        return DeviceStatistics(
+            name=str(self),
+            lanes=self.lane_count,
+            streams_created=self.pool.created,
+            streams_free=len(self.pool._free),
+            streams_in_use=self.pool.in_use,
+        )
+
+    @property
+    def lane_count(self) -> int:
+        return 0
+
+    def threads(self) -> list[Any]:
+        return []
+
+
+def _canonical(name: str) -> tuple[str, int]:
+    kind, _, idx = name.partition(":")
+    return kind, int(idx) if idx else 0
+
+
+class CPUDevice(Device):
+    """The numpy device: kernels run on `lanes` worker threads, one FIFO per lane."""
+
+    type = "cpu"
+
+    def __init__(self, index: int = 0, *, lanes: int | None = None) -> None:
+        super().__init__(index)
+        n = lanes if lanes is not None else (os.cpu_count() or 1)
+        if n < 1:
+            raise ValueError(f"a CPU device needs at least one lane, got lanes={n}")
+        self._lane_count = n
+        self._lanes: list[Lane] = []
+        self._next_lane = 0
+
+    @property
+    def lane_count(self) -> int:
+        return self._lane_count
+
+    def threads(self) -> list[Any]:
+        return [lane.thread for lane in self._lanes]
+
+    def _new_stream(self) -> Stream:
+        if not self._lanes:
+            raise RuntimeError(f"device {self} is not running: open a runtime with ag.open_runtime()")
+        # the lane with the fewest streams bound gets the new one, so concurrent trainings spread out
+        lane = min(self._lanes, key=lambda ln: ln.streams_bound)
+        lane.streams_bound += 1
+        s = Stream(self, lane)
+        self._streams.append(s)
+        return s
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._lanes = [Lane(str(self), i) for i in range(self._lane_count)]
+        try:
+            await super().run(task_status=task_status)
+        finally:
+            for lane in self._lanes:
+                lane.stop()
+            # joining waits for kernels in flight; they are bounded work, so this is prompt
+            for lane in self._lanes:
+                lane.join()
+            self._lanes = []

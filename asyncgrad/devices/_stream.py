@@ -1,0 +1,200 @@
+"""Streams and events: ordered queues of kernels, the one execution model for CPU and CUDA.
+
+A CPU stream is bound to one *lane* (a worker thread of its device). Work submitted to a stream runs in
+submission order; streams on different lanes run in parallel; an `Event` recorded on one stream and waited
+on by another orders work across them. Counters are plain ints written by one thread each (the loop
+thread bumps `_submitted`, the lane bumps `_completed`), so checking readiness takes no lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+_stream_ids = itertools.count()
+
+
+class KernelError(RuntimeError):
+    """A kernel failed on a stream; raised at the next point that waits on that stream."""
+
+
+@attrs.frozen
+class StreamStatistics:
+    """Counters of one stream."""
+
+    name: str
+    lane: int
+    submitted: int
+    completed: int
+    pending: int
+
+
+class Lane:
+    """A worker thread that runs the jobs of the streams bound to it, in FIFO order."""
+
+    def __init__(self, device_name: str, index: int) -> None:
+        self.index = index
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.streams_bound = 0
+        self._thread = threading.Thread(
+            target=self._main, name=f"asyncgrad-{device_name}-lane{index}", daemon=True
+        )
+        self._thread.start()
+
+    def put(self, item: Any) -> None:
+        self._queue.put(item)
+
+    def _main(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            stream, seq, job = item
+            if stream._error is None:
+                try:
+                    job()
+                except BaseException as exc:  # kept, re-raised where the stream is waited on
+                    stream._error = exc
+            stream._completed = seq
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+
+class Stream:
+    """An ordered queue of kernels on a device.
+
+    Work submitted with `submit` runs in order on the stream's lane, never on the event loop thread.
+    `query()` tells whether everything submitted so far has completed.
+    """
+
+    __slots__ = ("__weakref__", "_completed", "_error", "_lane", "_submitted", "device", "name")
+
+    def __init__(self, device: Device, lane: Lane) -> None:
+        self.device = device
+        self._lane = lane
+        self._submitted = 0
+        self._completed = 0
+        self._error: BaseException | None = None
+        self.name = f"{device}/s{next(_stream_ids)}"
+
+    def __repr__(self) -> str:
+        return f"<Stream {self.name} lane={self._lane.index} pending={self._submitted - self._completed}>"
+
+    def submit(self, job: Callable[[], None]) -> int:
+        """Queue `job` after all work already on this stream; returns its sequence number."""
+        seq = self._submitted + 1
+        self._submitted = seq
+        self._lane.put((self, seq, job))
+        return seq
+
+    def query(self) -> bool:
+        """True when all submitted work has completed."""
+        return self._completed >= self._submitted
+
+    def is_done(self, seq: int) -> bool:
+        return self._completed >= seq
+
+    def check_error(self) -> None:
+        """Raise (once) the error of a failed kernel on this stream."""
+        exc = self._error
+        if exc is not None:
+            self._error = None
+            raise KernelError(
+                f"a kernel on stream {self.name} failed: {type(exc).__name__}: {exc}; "
+                "work queued after it on this stream was skipped"
+            ) from exc
+
+    def synchronize_blocking(self, seq: int | None = None) -> None:
+        """Block the calling thread until work up to `seq` (default: all) completed."""
+        target = self._submitted if seq is None else seq
+        if self._completed < target:
+            done = threading.Event()
+            self.submit(done.set)
+            done.wait()
+        self.check_error()
+
+    async def synchronize(self, seq: int | None = None) -> None:
+        """Wait, without blocking the event loop, until work up to `seq` (default: all) completed."""
+        target = self._submitted if seq is None else seq
+        if self._completed < target:
+            done = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+            self.submit(lambda: token.run_sync_soon(done.set))
+            try:
+                await done.wait()
+            except trio.Cancelled:
+                # the marker still runs later and sets an Event nobody waits on: harmless
+                raise
+        self.check_error()
+
+    def record_event(self) -> Event:
+        """Record an event after the work submitted so far."""
+        ev = Event()
+        ev.record(self)
+        return ev
+
+    def wait_event(self, event: Event) -> None:
+        """Make later work on this stream wait until `event` has completed (no host blocking)."""
+        if event.query():
+            return
+        flag = event._flag
+        self.submit(flag.wait)
+
+    def statistics(self) -> StreamStatistics:
+        return StreamStatistics(
+            name=self.name,
+            lane=self._lane.index,
+            submitted=self._submitted,
+            completed=self._completed,
+            pending=self._submitted - self._completed,
+        )
+
+
+class Event:
+    """A marker in a stream: completes when the work recorded before it has completed."""
+
+    __slots__ = ("_flag", "_recorded")
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+        self._recorded = False
+
+    def record(self, stream: Stream) -> None:
+        self._recorded = True
+        if stream.query():
+            self._flag.set()
+        else:
+            stream.submit(self._flag.set)
+
+    def query(self) -> bool:
+        """True when the recorded work has completed (an event never recorded counts as complete)."""
+        return not self._recorded or self._flag.is_set()
+
+    def synchronize(self) -> None:
+        """Block the calling thread until the event completes."""
+        if self._recorded:
+            self._flag.wait()
+
+    async def wait(self) -> None:
+        """Wait for the event without blocking the loop (polls a worker thread)."""
+        if self.query():
+            return
+        await trio.to_thread.run_sync(self._flag.wait, abandon_on_cancel=True)

@@ -1,0 +1,79 @@
+"""Tensors, ops with backward rules, the backward engine, hooks, grad modes and custom Functions."""
+
+from . import _ops_elementwise, _ops_linalg, _ops_nn, _ops_reduce, _ops_shape  # noqa: F401  (register ops)
+from ._dispatch import OPS, Node, Op, OpError, OpNode, apply, defop
+from ._engine import BackwardError, backward, grad
+from ._factories import (
+    arange,
+    default_generator,
+    empty,
+    from_numpy,
+    full,
+    get_default_dtype,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    set_default_dtype,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from ._function import Function, FunctionCtx
+from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from ._hooks import RemovableHandle
+from ._layout import empty_like_contract, is_dense_nonoverlapping, obeys_contract
+from ._ops_elementwise import (
+    abs,
+    add,
+    astype,
+    clone,
+    div,
+    exp,
+    log,
+    maximum,
+    minimum,
+    mul,
+    neg,
+    pow,
+    relu,
+    sigmoid,
+    sign,
+    sqrt,
+    sub,
+    tanh,
+    where,
+)
+from ._ops_linalg import matmul
+from ._ops_nn import log_softmax, softmax
+from ._ops_reduce import MaxResult, amax, argmax, argmin, max, mean, min, sum
+from ._ops_shape import (
+    broadcast_to,
+    cat,
+    concat,
+    expand,
+    flatten,
+    getitem,
+    permute,
+    reshape,
+    squeeze,
+    stack,
+    transpose,
+    unsqueeze,
+)
+from ._runtime import NoRuntimeError, Runtime, RuntimeStatistics, current_runtime, open_runtime, run
+from ._tensor import Tensor
+
+__all__ = [
+    "OPS", "BackwardError", "Function", "FunctionCtx", "MaxResult", "NoRuntimeError", "Node", "Op",
+    "OpError", "OpNode", "RemovableHandle", "Runtime", "RuntimeStatistics", "Tensor", "abs", "add",
+    "amax", "apply", "arange", "argmax", "argmin", "astype", "backward", "broadcast_to", "cat", "clone",
+    "concat", "current_runtime", "default_generator", "defop", "div", "empty", "empty_like_contract",
+    "enable_grad", "exp", "expand", "flatten", "from_numpy", "full", "get_default_dtype", "getitem",
+    "grad", "is_dense_nonoverlapping", "is_grad_enabled", "log", "log_softmax", "manual_seed", "matmul",
+    "max", "maximum", "mean", "min", "minimum", "mul", "neg", "no_grad", "obeys_contract", "ones",
+    "ones_like", "open_runtime", "permute", "pow", "rand", "randn", "relu", "reshape", "run",
+    "set_default_dtype", "set_grad_enabled", "sigmoid", "sign", "softmax", "sqrt", "squeeze", "stack",
+    "sub", "sum", "tanh", "tensor", "transpose", "unsqueeze", "where", "zeros", "zeros_like",
+]

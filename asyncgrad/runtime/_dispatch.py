@@ -1,0 +1,333 @@
+"""Op definitions and the forward dispatcher.
+
+An `Op` couples a numpy kernel, a *meta* function (output shape and dtype, computed before the kernel
+runs, so an op can return a tensor whose value is still being computed on a lane) and a backward *rule*.
+Rules are written once against a small array namespace ``xp`` and run two ways: with numpy arrays as
+one fused kernel on the node's stream (plain backward), or with Tensors on the loop thread so the
+backward itself is recorded (``create_graph=True``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..devices import INLINE_MAX_ELEMENTS, Stream
+from . import _grad_mode
+from ._runtime import current_stream
+
+Rule = Callable[..., tuple[Any, ...]]
+EMPTY: dict[str, Any] = {}
+_node_seq = itertools.count(1)
+
+
+class Op:
+    """A differentiable (or not) operation: kernel, meta and backward rule, registered by name."""
+
+    __slots__ = ("kernel", "meta", "name", "rule", "save_out")
+
+    def __init__(
+        self,
+        name: str,
+        kernel: Callable[..., Any],
+        meta: Callable[..., tuple[tuple[int, ...], np.dtype[Any]]],
+        rule: Rule | None = None,
+        save_out: bool = False,
+    ) -> None:
+        self.name = name
+        self.kernel = kernel
+        self.meta = meta
+        self.rule = rule
+        self.save_out = save_out
+
+    def __repr__(self) -> str:
+        return f"<Op {self.name}>"
+
+
+OPS: dict[str, Op] = {}
+
+
+def defop(
+    name: str,
+    kernel: Callable[..., Any],
+    meta: Callable[..., Any],
+    rule: Rule | None = None,
+    *,
+    save_out: bool = False,
+) -> Op:
+    """Register an op in the table (one entry per name; rules live next to their forwards)."""
+    if name in OPS:
+        raise ValueError(f"op {name!r} is already registered")
+    op = OPS[name] = Op(name, kernel, meta, rule, save_out)
+    return op
+
+
+class OpError(ValueError):
+    """Bad input to an op: wrong shapes, dtypes or devices."""
+
+
+Tensor: Any = None  # set by _tensor once the class exists (avoids an import per op)
+
+
+def _tensor_cls() -> Any:
+    return Tensor
+
+
+class Node:
+    """A backward node: where gradients go next (``next``), hooks, and what the backward needs.
+
+    Subclasses: `OpNode` (built-in ops, rules from the op table) and ``FunctionNode`` (`Function`).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_post_hooks",
+        "_pre_hooks",
+        "_released",
+        "_retained",
+        "_tensor_pre_hooks",
+        "next",
+        "seq",
+        "stream",
+    )
+
+    is_async = False
+    n_outputs = 1
+
+    def _init_node(self, stream: Stream) -> None:
+        self.stream = stream
+        self.seq = next(_node_seq)
+        self._released = False
+        self._pre_hooks: Any = None
+        self._post_hooks: Any = None
+        self._tensor_pre_hooks: dict[int, Any] | None = None
+        self._retained: dict[int, Any] | None = None
+
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{self.name()} object>"
+
+    @property
+    def next_functions(self) -> tuple[tuple[Any, int], ...]:
+        out: list[tuple[Any, int]] = []
+        for e in self.next:
+            if e is None:
+                out.append((None, 0))
+            elif isinstance(e[0], Node):
+                out.append(e)
+            else:
+                out.append((AccumulateGradView(e[0]), 0))
+        return tuple(out)
+
+    def register_prehook(self, fn: Callable[..., Any]) -> Any:
+        """``fn(grad_outputs) -> new grad_outputs or None`` runs before this node; returns a handle."""
+        from ._hooks import HookTable, add_hook
+
+        if self._pre_hooks is None:
+            self._pre_hooks = HookTable()
+        return add_hook(self._pre_hooks, fn)
+
+    def register_hook(self, fn: Callable[..., Any]) -> Any:
+        """``fn(grad_inputs, grad_outputs) -> new grad_inputs or None`` runs after; returns a handle."""
+        from ._hooks import HookTable, add_hook
+
+        if self._post_hooks is None:
+            self._post_hooks = HookTable()
+        return add_hook(self._post_hooks, fn)
+
+
+def edges_of(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[bool, ...]]:
+    """Backward edges of a node with these inputs: (grad_fn, output slot), (leaf, 0) or None."""
+    nxt: list[Any] = []
+    needs: list[bool] = []
+    for a in args:
+        if isinstance(a, Tensor) and a._rg:
+            fn = a._grad_fn
+            nxt.append((fn, a._out_nr) if fn is not None else (a, 0))
+            needs.append(True)
+        else:
+            nxt.append(None)
+            needs.append(False)
+    return tuple(nxt), tuple(needs)
+
+
+class OpNode(Node):
+    """A recorded application of a built-in op."""
+
+    __slots__ = ("args", "kw", "needs", "op", "out")
+
+    def __init__(self, op: Op, args: tuple[Any, ...], kw: dict[str, Any], stream: Stream) -> None:
+        self._init_node(stream)
+        self.op = op
+        self.args = args
+        self.kw = kw
+        self.out: Any = None
+        self.next, self.needs = edges_of(args)
+
+    def name(self) -> str:
+        return f"{_camel(self.op.name)}Backward"
+
+    def release(self) -> None:
+        """Drop saved values (backward without retain_graph)."""
+        self._released = True
+        self.args = tuple(a if not isinstance(a, Tensor) else _Freed(a) for a in self.args)
+        self.out = None
+
+
+class _Freed:
+    """What a released node keeps of a saved tensor: its shape and dtype only."""
+
+    __slots__ = ("_dtype", "_shape")
+
+    def __init__(self, t: Any) -> None:
+        self._shape = t._shape
+        self._dtype = t._dtype
+
+
+class AccumulateGradView:
+    """What `next_functions` shows for a leaf: PyTorch's AccumulateGrad, holding the leaf as `.variable`."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable: Tensor) -> None:
+        self.variable = variable
+
+    def name(self) -> str:
+        return "AccumulateGrad"
+
+
+def _camel(name: str) -> str:
+    return "".join(p[:1].upper() + p[1:] for p in name.split("_"))
+
+
+def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
+    """Run ``op`` on ``args``: inline when tiny and the stream is idle, else queued on the task's stream."""
+    T = Tensor
+    dev = None
+    ready = True
+    rg = False
+    for a in args:
+        if isinstance(a, T):
+            if dev is None:
+                dev = a._dev
+            elif a._dev is not dev:
+                _device_mismatch(op, args)
+            s = a._stream
+            if s is not None and s._completed < a._seq:
+                ready = False
+            if a._rg:
+                rg = True
+    if dev is None:
+        raise TypeError(f"{op.name}: expected at least one Tensor argument")
+    stream = current_stream(dev)
+    shape, dtype = op.meta(*args, **kw)
+    if ready and stream._completed >= stream._submitted and math.prod(shape) <= INLINE_MAX_ELEMENTS:
+        data = op.kernel(*[a._data if isinstance(a, T) else a for a in args], **kw)
+        out = T._wrap(data, dev)
+    else:
+        out = _enqueue(op, args, kw, shape, dtype, dev, stream, T)
+    if rg and _grad_mode._grad_enabled.get() and op.rule is not None:
+        node = OpNode(op, args, kw, stream)
+        if op.save_out:
+            node.out = out
+        out._grad_fn = node
+        out._rg = True
+    return out
+
+
+def _enqueue(
+    op: Op,
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    shape: tuple[int, ...],
+    dtype: Any,
+    dev: Any,
+    stream: Stream,
+    T: type[Tensor],
+) -> Tensor:
+    for a in args:
+        if isinstance(a, T):
+            wait_for(a, stream)
+    out = T._pending(shape, dtype, dev, stream)
+    kernel = op.kernel
+
+    def job() -> None:
+        res = kernel(*[a._data if isinstance(a, T) else a for a in args], **kw)
+        if res.dtype != dtype:
+            res = res.astype(dtype)
+        out._data = res
+
+    out._seq = stream.submit(job)
+    return out
+
+
+def wait_for(t: Tensor, stream: Stream) -> None:
+    """Order ``stream`` after the pending work that produces ``t`` (a cross-stream event, if needed)."""
+    s = t._stream
+    if s is not None and s is not stream and s._completed < t._seq:
+        if s.device is not stream.device:
+            s.synchronize_blocking(t._seq)  # cross-device: host-side wait (rare)
+        else:
+            stream.wait_event(s.record_event())
+
+
+def _device_mismatch(op: Op, args: tuple[Any, ...]) -> None:
+    T = _tensor_cls()
+    devs = [str(a.device) for a in args if isinstance(a, T)]
+    shapes = [tuple(a.shape) for a in args if isinstance(a, T)]
+    raise OpError(
+        f"{op.name}: expected all tensors on one device, got devices {devs} (shapes {shapes}); "
+        "move them with .to(device) first"
+    )
+
+
+# ---- meta helpers shared by the op families ----------------------------------------------------------
+
+_bcast_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...] | None] = {}
+
+
+def broadcast_shapes(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    if a == b:
+        return a
+    key = (a, b)
+    r = _bcast_cache.get(key)
+    if r is None:
+        try:
+            r = tuple(np.broadcast_shapes(a, b))
+        except ValueError:
+            raise OpError(
+                f"{op}: shapes {a} and {b} cannot be broadcast together; make each dimension "
+                "equal or 1 (reshape or unsqueeze one operand)"
+            ) from None
+        if len(_bcast_cache) < 4096:
+            _bcast_cache[key] = r
+    return r
+
+
+_dtype_cache: dict[tuple[Any, Any], np.dtype[Any]] = {}
+
+
+def result_dtype(a: Any, b: Any) -> np.dtype[Any]:
+    """numpy's result dtype for two dtypes or a dtype and a Python scalar (NEP 50 weak scalars)."""
+    if a is b:
+        return a  # type: ignore[no-any-return]
+    key = (a, b if isinstance(b, np.dtype) else type(b))
+    r = _dtype_cache.get(key)
+    if r is None:
+        r = np.result_type(a, b)
+        _dtype_cache[key] = r
+    return r
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return x._shape if isinstance(x, _tensor_cls()) else np.shape(x)
+
+
+def dtype_of(x: Any) -> Any:
+    return x._dtype if isinstance(x, _tensor_cls()) else x

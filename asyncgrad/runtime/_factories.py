@@ -1,0 +1,155 @@
+"""Tensor factories: from data, filled, ranges and random numbers."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ._runtime import current_runtime
+from ._tensor import Tensor
+
+_default_dtype = np.dtype(np.float32)
+_rng_local = threading.local()
+
+
+def set_default_dtype(dtype: Any) -> None:
+    """Set the dtype that floating point factories and Python floats use (default float32, like PyTorch)."""
+    global _default_dtype
+    d = np.dtype(dtype)
+    if d.kind != "f":
+        raise TypeError(f"the default dtype must be a floating point dtype, got {d}")
+    _default_dtype = d
+
+
+def get_default_dtype() -> np.dtype[Any]:
+    return _default_dtype
+
+
+def manual_seed(seed: int) -> np.random.Generator:
+    """Seed this thread's default generator (used by randn/rand/dropout when no generator is given)."""
+    _rng_local.gen = np.random.default_rng(seed)
+    return _rng_local.gen  # type: ignore[no-any-return]
+
+
+def default_generator() -> np.random.Generator:
+    g = getattr(_rng_local, "gen", None)
+    if g is None:
+        g = _rng_local.gen = np.random.default_rng()
+    return g  # type: ignore[no-any-return]
+
+
+def _finish(data: np.ndarray, device: Any, requires_grad: bool, what: str) -> Tensor:
+    rt = current_runtime(what)
+    t = Tensor._wrap(data, rt.device(device))
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _shape(size: Any) -> tuple[int, ...]:
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = size[0]
+    return tuple(int(s) for s in size)
+
+
+def tensor(data: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False) -> Tensor:
+    """A new tensor holding a copy of ``data`` (Python floats become the default dtype, float32)."""
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    if dtype is None:
+        arr = np.array(data, copy=True)
+        if arr.dtype == np.float64 and not isinstance(data, np.ndarray) and not _has_numpy_float64(data):
+            arr = arr.astype(_default_dtype)
+    else:
+        arr = np.array(data, dtype=np.dtype(dtype), copy=True)
+    return _finish(arr, device, requires_grad, "asyncgrad.tensor")
+
+
+def _has_numpy_float64(data: Any) -> bool:
+    return isinstance(data, np.floating) and data.dtype == np.float64
+
+
+def from_numpy(arr: np.ndarray) -> Tensor:
+    """A tensor sharing ``arr``'s memory and strides."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(arr).__name__}")
+    return _finish(arr, "cpu", False, "asyncgrad.from_numpy")
+
+
+def _dt(dtype: Any) -> np.dtype[Any]:
+    return _default_dtype if dtype is None else np.dtype(dtype)
+
+
+def zeros(*size: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros."""
+    return _finish(np.zeros(_shape(size), _dt(dtype)), device, requires_grad, "asyncgrad.zeros")
+
+
+def ones(*size: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False) -> Tensor:
+    """A tensor of ones."""
+    return _finish(np.ones(_shape(size), _dt(dtype)), device, requires_grad, "asyncgrad.ones")
+
+
+def empty(*size: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor."""
+    return _finish(np.empty(_shape(size), _dt(dtype)), device, requires_grad, "asyncgrad.empty")
+
+
+def full(
+    size: Any, fill_value: Any, *, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False
+) -> Tensor:
+    """A tensor filled with ``fill_value``."""
+    if dtype is None:
+        dtype = _default_dtype if isinstance(fill_value, float) else np.asarray(fill_value).dtype
+    return _finish(np.full(_shape((size,)), fill_value, np.dtype(dtype)), device, requires_grad, "asyncgrad.full")
+
+
+def arange(
+    start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = "cpu",
+    requires_grad: bool = False,
+) -> Tensor:
+    """Values from ``start`` to ``end`` (exclusive) by ``step``; int64 for integer arguments."""
+    if end is None:
+        start, end = 0, start
+    arr = np.arange(start, end, step)
+    if dtype is not None:
+        arr = arr.astype(dtype)
+    elif arr.dtype == np.float64:
+        arr = arr.astype(_default_dtype)
+    return _finish(arr, device, requires_grad, "asyncgrad.arange")
+
+
+def randn(
+    *size: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False,
+    generator: np.random.Generator | None = None,
+) -> Tensor:
+    """Standard normal samples."""
+    g = generator or default_generator()
+    arr = g.standard_normal(_shape(size), dtype=np.float64).astype(_dt(dtype), copy=False)
+    return _finish(arr, device, requires_grad, "asyncgrad.randn")
+
+
+def rand(
+    *size: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False,
+    generator: np.random.Generator | None = None,
+) -> Tensor:
+    """Uniform samples in [0, 1)."""
+    g = generator or default_generator()
+    arr = g.random(_shape(size)).astype(_dt(dtype), copy=False)
+    return _finish(arr, device, requires_grad, "asyncgrad.rand")
+
+
+def zeros_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """Zeros with ``t``'s shape, dtype and device."""
+    arr = np.zeros(t.shape, dtype=t.dtype if dtype is None else np.dtype(dtype))
+    out = Tensor._wrap(arr, t.device)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def ones_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """Ones with ``t``'s shape, dtype and device."""
+    arr = np.ones(t.shape, dtype=t.dtype if dtype is None else np.dtype(dtype))
+    out = Tensor._wrap(arr, t.device)
+    return out.requires_grad_(True) if requires_grad else out

@@ -1,0 +1,162 @@
+"""Custom differentiable operations: subclass `Function`, define `forward` and `backward`.
+
+``backward`` may be ``async def``: it can then ``await ag.grad(...)`` or ``await t.backward()`` on another
+graph (a reentrant backward) without blocking anything else.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from . import _grad_mode
+from ._dispatch import Node, edges_of
+from ._runtime import current_stream
+from ._tensor import Tensor
+
+
+class FunctionCtx:
+    """The ``ctx`` passed to `Function.forward` and `Function.backward`."""
+
+    def __init__(self) -> None:
+        self._saved: tuple[Tensor | None, ...] = ()
+        self._freed = False
+        self.needs_input_grad: tuple[bool, ...] = ()
+        self.materialize_grads = True
+        self._non_diff: set[int] = set()
+
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
+        """Save tensors (or None) for `backward`; read them back with `saved_tensors`."""
+        for t in tensors:
+            if t is not None and not isinstance(t, Tensor):
+                raise TypeError(
+                    f"save_for_backward can only save tensors or None, got {type(t).__name__}; "
+                    "store other values as attributes of ctx"
+                )
+        self._saved = tensors
+
+    @property
+    def saved_tensors(self) -> tuple[Tensor | None, ...]:
+        if self._freed:
+            raise RuntimeError(
+                "Trying to backward through the graph a second time (or to access saved tensors after they "
+                "have been freed). Saved values are freed when you call backward() or grad(); pass "
+                "retain_graph=True if you need to backward through the graph a second time."
+            )
+        return self._saved
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """If False, undefined output grads reach `backward` as None instead of zeros."""
+        self.materialize_grads = bool(value)
+
+    def mark_non_differentiable(self, *tensors: Tensor) -> None:
+        self._non_diff.update(id(t) for t in tensors)
+
+
+class FunctionNode(Node):
+    """The backward node of one `Function.apply` call."""
+
+    __slots__ = ("ctx", "fn_cls", "n_args", "n_outputs", "out_meta")
+
+    def __init__(self, fn_cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], stream: Any) -> None:
+        self._init_node(stream)
+        self.fn_cls = fn_cls
+        self.ctx = ctx
+        self.next, ctx.needs_input_grad = edges_of(args)
+        self.n_args = len(args)
+        self.out_meta: list[tuple[tuple[int, ...], Any, Any]] = []
+        self.n_outputs = 0
+
+    @property
+    def is_async(self) -> bool:  # type: ignore[override]
+        return inspect.iscoroutinefunction(self.fn_cls.backward)
+
+    def name(self) -> str:
+        return f"{self.fn_cls.__name__}Backward"
+
+    def release(self) -> None:
+        self._released = True
+        self.ctx._freed = True
+        self.ctx._saved = ()
+
+    def prepare_grads(self, gouts: list[Any]) -> list[Any]:
+        if not self.ctx.materialize_grads:
+            return gouts
+        from ._factories import zeros
+
+        return [
+            g if g is not None or dtype is None else zeros(shape, dtype=dtype, device=dev)
+            for g, (shape, dtype, dev) in zip(gouts, self.out_meta)
+        ]
+
+
+class _FunctionMeta(type):
+    def __init__(cls, name: str, bases: tuple[type, ...], ns: dict[str, Any]) -> None:
+        super().__init__(name, bases, ns)
+        for meth in ("forward", "backward"):
+            f = ns.get(meth)
+            if f is not None and not isinstance(f, (staticmethod, classmethod)):
+                # allow plain `def forward(ctx, ...)` like `@staticmethod def forward(ctx, ...)`
+                setattr(cls, meth, staticmethod(f))
+
+
+class Function(metaclass=_FunctionMeta):
+    """Base class of custom ops.
+
+    Example::
+
+        class Square(ag.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x
+
+            @staticmethod
+            def backward(ctx, g):      # or: async def backward(ctx, g)
+                (x,) = ctx.saved_tensors
+                return 2 * x * g
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, *args: Any) -> Any:
+        raise NotImplementedError("a Function subclass must define forward(ctx, *args)")
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, *grads: Any) -> Any:
+        raise NotImplementedError("a Function subclass must define backward(ctx, *grads)")
+
+    @classmethod
+    def apply(cls, *args: Any) -> Any:
+        """Run `forward` without recording its inside, and record one node for the whole call."""
+        ctx = FunctionCtx()
+        with _grad_mode.no_grad():
+            result = cls.forward(ctx, *args)
+        single = not isinstance(result, tuple)
+        outs = (result,) if single else result
+        dev = None
+        for a in args:
+            if isinstance(a, Tensor):
+                dev = a._dev
+                break
+        record = _grad_mode.is_grad_enabled() and any(isinstance(a, Tensor) and a._rg for a in args)
+        if not record:
+            return result
+        if dev is None:
+            dev = next(o._dev for o in outs if isinstance(o, Tensor))
+        node = FunctionNode(cls, ctx, args, current_stream(dev))
+        wrapped = []
+        for i, o in enumerate(outs):
+            if not isinstance(o, Tensor):
+                wrapped.append(o)
+                node.out_meta.append(((), None, None))
+                continue
+            if any(o is a for a in args) or o._grad_fn is not None:
+                o = o.detach()  # an input returned as-is: give the output its own identity
+            if id(o) not in ctx._non_diff and o._dtype.kind in "fc":
+                o._grad_fn = node
+                o._out_nr = i
+                o._rg = True
+            node.out_meta.append((o._shape, o._dtype, o._dev))
+            wrapped.append(o)
+        node.n_outputs = len(outs)
+        return wrapped[0] if single else tuple(wrapped)

@@ -1,0 +1,94 @@
+"""Grad modes, scoped per trio task with a context variable (each task runs in its own context copy)."""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+_grad_enabled: contextvars.ContextVar[bool] = contextvars.ContextVar("asyncgrad_grad_enabled", default=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def is_grad_enabled() -> bool:
+    """Whether operations in the current task record a graph."""
+    return _grad_enabled.get()
+
+
+class _GradMode:
+    _flag: bool
+
+    def __init__(self) -> None:
+        self._tokens: list[contextvars.Token[bool]] = []
+
+    def __enter__(self) -> None:
+        self._tokens.append(_grad_enabled.set(self._flag))
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        _grad_enabled.reset(self._tokens.pop())
+
+    def __call__(self, fn: F) -> F:
+        import inspect
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def awrapper(*a: Any, **k: Any) -> Any:
+                with self.__class__(*self._args()):
+                    return await fn(*a, **k)
+
+            return awrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            with self.__class__(*self._args()):
+                return fn(*a, **k)
+
+        return wrapper  # type: ignore[return-value]
+
+    def _args(self) -> tuple[Any, ...]:
+        return ()
+
+
+class no_grad(_GradMode):
+    """Context manager (or decorator) that disables graph recording in the current task."""
+
+    _flag = False
+
+
+class enable_grad(_GradMode):
+    """Context manager (or decorator) that enables graph recording in the current task."""
+
+    _flag = True
+
+
+class set_grad_enabled(_GradMode):
+    """Set grad mode on or off. Works as a function call, a context manager, or a decorator.
+
+    Called plainly (``ag.set_grad_enabled(False)``) it changes the mode of the current task at once;
+    used with ``with`` it restores the previous mode on exit.
+    """
+
+    def __init__(self, mode: bool) -> None:
+        super().__init__()
+        self._flag = bool(mode)
+        self._prev = _grad_enabled.get()
+        _grad_enabled.set(self._flag)
+
+    def __enter__(self) -> None:
+        # the mode was already set by __init__; remember what to restore
+        self._tokens.append(_grad_enabled.set(self._flag))
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        _grad_enabled.reset(self._tokens.pop())
+        _grad_enabled.set(self._prev)
+
+    def _args(self) -> tuple[Any, ...]:
+        return (self._flag,)

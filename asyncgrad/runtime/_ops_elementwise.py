@@ -1,0 +1,442 @@
+"""Elementwise ops: forward kernels with their backward rules next to them.
+
+Rule signature: ``rule(xp, g, args, out, kw, needs) -> tuple`` (one entry per argument, None where no
+gradient is needed). The engine reduces broadcast gradients to the input shapes and checks them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._dispatch import EMPTY, Op, OpError, apply, broadcast_shapes, defop
+from ._tensor import Tensor
+
+_udtype: dict[tuple[Any, Any, Any], np.dtype[Any]] = {}
+
+
+def _ufunc_dtype(ufunc: Any, *dts: Any) -> np.dtype[Any]:
+    """The dtype numpy gives ``ufunc`` for these input dtypes / Python scalars (NEP 50), cached."""
+    key = (ufunc, *(d if isinstance(d, np.dtype) else type(d) for d in dts))
+    r = _udtype.get(key)
+    if r is None:
+        probe = [np.empty(0, d) if isinstance(d, np.dtype) else d for d in dts]
+        r = _udtype[key] = ufunc(*probe).dtype
+    return r
+
+
+def _dt(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x._dtype
+    if isinstance(x, np.ndarray):
+        return x.dtype
+    return x
+
+
+def _sh(x: Any) -> tuple[int, ...]:
+    if isinstance(x, Tensor):
+        return x._shape
+    return np.shape(x)
+
+
+def _unary_meta(ufunc: Any) -> Any:
+    def meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+        return a._shape, _ufunc_dtype(ufunc, a._dtype)
+
+    return meta
+
+
+def _binary_meta(name: str, ufunc: Any) -> Any:
+    def meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+        return broadcast_shapes(name, _sh(a), _sh(b)), _ufunc_dtype(ufunc, _dt(a), _dt(b))
+
+    return meta
+
+
+def _zero_like(xp: Any, g: Any) -> Any:
+    return g * 0
+
+
+# ---- binary arithmetic ----------------------------------------------------------------------------
+
+
+def _add_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g if needs[0] else None, g if needs[1] else None)
+
+
+def _sub_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g if needs[0] else None, -g if needs[1] else None)
+
+
+def _mul_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    a, b = args
+    return (g * b if needs[0] else None, g * a if needs[1] else None)
+
+
+def _div_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    a, b = args
+    ga = g / b if needs[0] else None
+    gb = -g * a / (b * b) if needs[1] else None
+    return (ga, gb)
+
+
+def _pow_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    a, b = args
+    ga = g * b * a ** (b - 1) if needs[0] else None
+    gb = None
+    if needs[1]:
+        if not hasattr(a, "shape"):  # a Python number base
+            gb = g * (a**b) * float(np.log(a)) if a > 0 else g * 0
+        else:
+            # d/db a**b = a**b log a; where a == 0 the limit is 0 (PyTorch's convention)
+            safe = xp.where(a > 0, a, 1)
+            gb = g * xp.where(a > 0, a**b * xp.log(safe), 0)
+    return (ga, gb)
+
+
+def _true_divide(a: Any, b: Any) -> Any:
+    return np.true_divide(a, b)
+
+
+OP_ADD = defop("add", np.add, _binary_meta("add", np.add), _add_rule)
+OP_SUB = defop("sub", np.subtract, _binary_meta("sub", np.subtract), _sub_rule)
+OP_MUL = defop("mul", np.multiply, _binary_meta("mul", np.multiply), _mul_rule)
+OP_DIV = defop("div", np.true_divide, _binary_meta("div", np.true_divide), _div_rule)
+OP_POW = defop("pow", np.power, _binary_meta("pow", np.power), _pow_rule)
+
+
+def _maxmin_rule(greater: bool) -> Any:
+    def rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+        a, b = args
+        wins = (a > b) if greater else (a < b)
+        tie = a == b
+        # a tie splits the gradient evenly, as PyTorch does
+        ga = xp.where(wins, g, xp.where(tie, g * 0.5, 0)) if needs[0] else None
+        gb = xp.where(wins, 0, xp.where(tie, g * 0.5, g)) if needs[1] else None
+        return (ga, gb)
+
+    return rule
+
+
+OP_MAXIMUM = defop("maximum", np.maximum, _binary_meta("maximum", np.maximum), _maxmin_rule(True))
+OP_MINIMUM = defop("minimum", np.minimum, _binary_meta("minimum", np.minimum), _maxmin_rule(False))
+
+
+def _check_operand(name: str, x: Any) -> Any:
+    if isinstance(x, Tensor) or isinstance(x, (int, float, bool, np.number)):
+        return x
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return np.asarray(x)
+    raise TypeError(f"{name}: unsupported operand type {type(x).__name__}; use a Tensor or a number")
+
+
+def add(a: Any, b: Any) -> Tensor:
+    """Elementwise ``a + b`` with broadcasting."""
+    return apply(OP_ADD, (a, b))
+
+
+def sub(a: Any, b: Any) -> Tensor:
+    """Elementwise ``a - b`` with broadcasting."""
+    return apply(OP_SUB, (a, b))
+
+
+def mul(a: Any, b: Any) -> Tensor:
+    """Elementwise ``a * b`` with broadcasting."""
+    return apply(OP_MUL, (a, b))
+
+
+def div(a: Any, b: Any) -> Tensor:
+    """Elementwise true division with broadcasting."""
+    return apply(OP_DIV, (a, b))
+
+
+def pow(a: Any, b: Any) -> Tensor:
+    """Elementwise ``a ** b``."""
+    return apply(OP_POW, (a, b))
+
+
+def maximum(a: Any, b: Any) -> Tensor:
+    """Elementwise maximum (ties split the gradient)."""
+    return apply(OP_MAXIMUM, (a, b))
+
+
+def minimum(a: Any, b: Any) -> Tensor:
+    """Elementwise minimum (ties split the gradient)."""
+    return apply(OP_MINIMUM, (a, b))
+
+
+# ---- unary ----------------------------------------------------------------------------------------
+
+
+def _neg_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (-g,)
+
+
+def _exp_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * out,)
+
+
+def _log_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g / args[0],)
+
+
+def _tanh_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * (1 - out * out),)
+
+
+def _sigmoid_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * out * (1 - out),)
+
+
+def _relu_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (xp.where(args[0] > 0, g, 0),)
+
+
+def _sqrt_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g / (2 * out),)
+
+
+def _abs_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * xp.sign(args[0]),)
+
+
+def _sigmoid_kernel(a: np.ndarray) -> np.ndarray:
+    # split by sign so exp never overflows
+    out = np.empty_like(a, dtype=np.result_type(a.dtype, np.float16))
+    pos = a >= 0
+    np.divide(1, 1 + np.exp(-a, where=pos, out=np.zeros_like(out)), out=out, where=pos)
+    e = np.exp(a, where=~pos, out=np.zeros_like(out))
+    np.divide(e, 1 + e, out=out, where=~pos)
+    return out
+
+
+def _relu_kernel(a: np.ndarray) -> np.ndarray:
+    return np.maximum(a, 0)
+
+
+OP_NEG = defop("neg", np.negative, _unary_meta(np.negative), _neg_rule)
+OP_EXP = defop("exp", np.exp, _unary_meta(np.exp), _exp_rule, save_out=True)
+OP_LOG = defop("log", np.log, _unary_meta(np.log), _log_rule)
+OP_TANH = defop("tanh", np.tanh, _unary_meta(np.tanh), _tanh_rule, save_out=True)
+OP_SIGMOID = defop("sigmoid", _sigmoid_kernel, _unary_meta(np.tanh), _sigmoid_rule, save_out=True)
+OP_RELU = defop("relu", _relu_kernel, _unary_meta(np.negative), _relu_rule)
+OP_SQRT = defop("sqrt", np.sqrt, _unary_meta(np.sqrt), _sqrt_rule, save_out=True)
+OP_ABS = defop("abs", np.abs, _unary_meta(np.abs), _abs_rule)
+OP_SIGN = defop("sign", np.sign, _unary_meta(np.sign))
+
+
+def neg(x: Tensor) -> Tensor:
+    """Elementwise negation."""
+    return apply(OP_NEG, (x,))
+
+
+def exp(x: Tensor) -> Tensor:
+    """Elementwise exponential."""
+    return apply(OP_EXP, (x,))
+
+
+def log(x: Tensor) -> Tensor:
+    """Elementwise natural logarithm."""
+    return apply(OP_LOG, (x,))
+
+
+def tanh(x: Tensor) -> Tensor:
+    """Elementwise hyperbolic tangent."""
+    return apply(OP_TANH, (x,))
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """Elementwise logistic sigmoid (overflow-safe)."""
+    return apply(OP_SIGMOID, (x,))
+
+
+def relu(x: Tensor) -> Tensor:
+    """Elementwise max(x, 0)."""
+    return apply(OP_RELU, (x,))
+
+
+def sqrt(x: Tensor) -> Tensor:
+    """Elementwise square root."""
+    return apply(OP_SQRT, (x,))
+
+
+def abs(x: Tensor) -> Tensor:
+    """Elementwise absolute value (gradient sign(x), 0 at 0)."""
+    return apply(OP_ABS, (x,))
+
+
+def sign(x: Tensor) -> Tensor:
+    """Elementwise sign (not differentiable: no gradient flows)."""
+    return apply(OP_SIGN, (x,))
+
+
+# ---- where, copies, casts -------------------------------------------------------------------------
+
+
+def _where_meta(c: Any, a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if isinstance(c, (Tensor, np.ndarray)) and _dt(c) != np.bool_:
+        raise OpError(f"where: condition must have dtype bool, got {_dt(c)}; compare first, e.g. x > 0")
+    shape = broadcast_shapes("where", broadcast_shapes("where", _sh(c), _sh(a)), _sh(b))
+    return shape, _ufunc_dtype(np.add, _dt(a), _dt(b))
+
+
+def _where_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    c = args[0]
+    return (
+        None,
+        xp.where(c, g, 0) if needs[1] else None,
+        xp.where(c, 0, g) if needs[2] else None,
+    )
+
+
+OP_WHERE = defop("where", np.where, _where_meta, _where_rule)
+
+
+def where(condition: Any, x: Any, y: Any) -> Tensor:
+    """Elementwise ``x`` where ``condition`` else ``y`` (gradients flow to x and y only)."""
+    for v in (condition, x, y):
+        if isinstance(v, Tensor):
+            break
+    else:
+        raise TypeError("where: expected at least one Tensor argument")
+    return apply(OP_WHERE, (condition, x, y))
+
+
+def _same_meta(a: Tensor, **kw: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return a._shape, a._dtype
+
+
+def _identity_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g,)
+
+
+OP_CLONE = defop("clone", lambda a: np.copy(a, order="K"), _same_meta, _identity_rule)
+OP_CONTIGUOUS = defop("contiguous", np.ascontiguousarray, _same_meta, _identity_rule)
+
+
+def clone(x: Tensor) -> Tensor:
+    """A copy with the same strides (differentiable)."""
+    return apply(OP_CLONE, (x,))
+
+
+def contiguous(x: Tensor) -> Tensor:
+    """A C-contiguous copy (differentiable)."""
+    return apply(OP_CONTIGUOUS, (x,))
+
+
+def _copy_layout_kernel(a: np.ndarray, like: np.ndarray) -> np.ndarray:
+    from ._layout import empty_like_contract
+
+    out = empty_like_contract(like)
+    np.copyto(out, a)
+    return out
+
+
+OP_COPY_LAYOUT = defop("copy_to_layout", _copy_layout_kernel, _same_meta, _identity_rule)
+
+
+def copy_to_layout(x: Tensor, like: np.ndarray) -> Tensor:
+    """A differentiable copy of ``x`` with the layout the gradient contract gives ``like``."""
+    return apply(OP_COPY_LAYOUT, (x,), {"like": like})
+
+
+def _astype_meta(a: Tensor, dtype: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return a._shape, np.dtype(dtype)
+
+
+def _astype_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (xp.astype(g, args[0].dtype),)
+
+
+OP_ASTYPE = defop("astype", lambda a, dtype: a.astype(dtype), _astype_meta, _astype_rule)
+
+
+def astype(x: Tensor, dtype: Any) -> Tensor:
+    """Convert to ``dtype`` (gradient converted back)."""
+    return apply(OP_ASTYPE, (x,), {"dtype": np.dtype(dtype)})
+
+
+def to_device(x: Tensor, dev: Any) -> Tensor:
+    """Copy to another device of the same kind (CPU devices share host memory)."""
+    data = np.array(x._value(), copy=True, order="K")
+    out = Tensor._wrap(data, dev)
+    if x._rg:
+        from . import _grad_mode
+
+        if _grad_mode.is_grad_enabled():
+            from ._dispatch import OpNode
+            from ._runtime import current_stream
+
+            node = OpNode(OP_TO, (x,), EMPTY, current_stream(x._dev))
+            out._grad_fn = node
+            out._rg = True
+    return out
+
+
+def _to_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    if isinstance(g, Tensor):
+        return (to_device(g, args[0]._dev),)
+    return (g,)
+
+
+OP_TO: Op = defop("to", lambda a: a, _same_meta, _to_rule)
+
+
+# ---- comparisons (not differentiable) -------------------------------------------------------------
+
+
+def _cmp(name: str, ufunc: Any) -> Any:
+    op = defop(name, ufunc, _binary_meta(name, ufunc))
+
+    def f(a: Any, b: Any) -> Tensor:
+        return apply(op, (a, b))
+
+    f.__name__ = name
+    return f
+
+
+lt = _cmp("lt", np.less)
+le = _cmp("le", np.less_equal)
+gt = _cmp("gt", np.greater)
+ge = _cmp("ge", np.greater_equal)
+eq = _cmp("eq", np.equal)
+ne = _cmp("ne", np.not_equal)
+
+
+# ---- operators on Tensor --------------------------------------------------------------------------
+
+
+def _install() -> None:
+    T = Tensor
+    T.__add__ = lambda s, o: apply(OP_ADD, (s, o))  # type: ignore[method-assign]
+    T.__radd__ = lambda s, o: apply(OP_ADD, (o, s))  # type: ignore[method-assign]
+    T.__sub__ = lambda s, o: apply(OP_SUB, (s, o))  # type: ignore[method-assign]
+    T.__rsub__ = lambda s, o: apply(OP_SUB, (o, s))  # type: ignore[method-assign]
+    T.__mul__ = lambda s, o: apply(OP_MUL, (s, o))  # type: ignore[method-assign]
+    T.__rmul__ = lambda s, o: apply(OP_MUL, (o, s))  # type: ignore[method-assign]
+    T.__truediv__ = lambda s, o: apply(OP_DIV, (s, o))  # type: ignore[method-assign]
+    T.__rtruediv__ = lambda s, o: apply(OP_DIV, (o, s))  # type: ignore[method-assign]
+    T.__pow__ = lambda s, o: apply(OP_POW, (s, o))  # type: ignore[method-assign]
+    T.__rpow__ = lambda s, o: apply(OP_POW, (o, s))  # type: ignore[method-assign]
+    T.__neg__ = lambda s: apply(OP_NEG, (s,))  # type: ignore[method-assign]
+    T.__pos__ = lambda s: s  # type: ignore[method-assign]
+    T.__abs__ = abs  # type: ignore[method-assign]
+    T.__lt__ = lt  # type: ignore[method-assign]
+    T.__le__ = le  # type: ignore[method-assign]
+    T.__gt__ = gt  # type: ignore[method-assign]
+    T.__ge__ = ge  # type: ignore[method-assign]
+    T.__eq__ = eq  # type: ignore[method-assign,assignment]
+    T.__ne__ = ne  # type: ignore[method-assign,assignment]
+    for name in ("exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sign", "neg"):
+        setattr(T, name, globals()[name])
+    T.add = add  # type: ignore[attr-defined]
+    T.sub = sub  # type: ignore[attr-defined]
+    T.mul = mul  # type: ignore[attr-defined]
+    T.div = div  # type: ignore[attr-defined]
+    T.pow = pow  # type: ignore[attr-defined]
+    T.maximum = maximum  # type: ignore[attr-defined]
+    T.minimum = minimum  # type: ignore[attr-defined]
+
+
+_install()

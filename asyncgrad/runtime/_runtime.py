@@ -1,0 +1,253 @@
+"""The runtime: device actors and registration servers started in one nursery, and stream lookup.
+
+`open_runtime()` publishes the runtime in a context variable, so every task started inside it (and
+every op those tasks run) finds it; P OS threads each calling `run()` get P independent runtimes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from ..devices import CPUDevice, Device, Stream
+
+_current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("asyncgrad_runtime", default=None)
+
+
+class NoRuntimeError(RuntimeError):
+    """A tensor operation ran outside an open runtime."""
+
+
+_NO_RUNTIME = (
+    "{what} needs an asyncgrad runtime, and none is open in this task: wrap your code in "
+    "`async with asyncgrad.open_runtime():` or start it with `asyncgrad.run(main)`"
+)
+
+
+@attrs.frozen
+class RuntimeStatistics:
+    """Counters of a runtime (see `Runtime.statistics`)."""
+
+    devices: tuple[str, ...]
+    lanes: int
+    blas_threads: int | None
+    graph_tasks_started: int
+    graph_tasks_finished: int
+    grads_stolen: int
+    grads_copied: int
+    grads_accumulated: int
+    worker_threads: int
+
+
+class _BlasLimit:
+    """Process-wide BLAS thread limit, shared by every open runtime (refcounted; set once, restored last).
+
+    BLAS limits are process-wide, so runtimes in several OS threads must agree on one value.
+    """
+
+    _lock = threading.Lock()  # taken only when a runtime opens or closes, never per op
+    _count = 0
+    _limiter: Any = None
+    threads: int | None = None
+
+    @classmethod
+    def acquire(cls, threads: int) -> int | None:
+        with cls._lock:
+            if cls._count == 0:
+                try:
+                    from threadpoolctl import threadpool_limits
+
+                    cls._limiter = threadpool_limits(limits=threads, user_api="blas")
+                    cls.threads = threads
+                except Exception:  # threadpoolctl missing or no BLAS found: nothing to limit
+                    cls._limiter, cls.threads = None, None
+            cls._count += 1
+            return cls.threads
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            cls._count -= 1
+            if cls._count == 0 and cls._limiter is not None:
+                cls._limiter.restore_original_limits()
+                cls._limiter = None
+
+
+class _TaskStreams:
+    """The streams one trio task uses, one per device; released to their pools when the task ends."""
+
+    __slots__ = ("__weakref__", "by_device", "task")
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.by_device: dict[Device, Stream] = {}
+
+
+_task_streams: contextvars.ContextVar[_TaskStreams | None] = contextvars.ContextVar(
+    "asyncgrad_task_streams", default=None
+)
+
+
+def _release_streams(by_device: dict[Device, Stream]) -> None:
+    for dev, s in by_device.items():
+        dev.pool.release(s)
+
+
+class Runtime:
+    """An open asyncgrad runtime: its devices and counters. Get it from `open_runtime()`."""
+
+    def __init__(self, *, lanes: int | None, cpu_devices: int, blas_threads: int | None) -> None:
+        cores = os.cpu_count() or 1
+        self.lanes = lanes if lanes is not None else cores
+        self.devices: dict[str, Device] = {}
+        for i in range(cpu_devices):
+            d = CPUDevice(i, lanes=self.lanes)
+            self.devices[f"cpu:{i}"] = d
+        self.devices["cpu"] = self.devices["cpu:0"]
+        self.cpu: Device = self.devices["cpu"]
+        # one BLAS thread per lane keeps lanes * blas_threads <= cores: no oversubscription
+        self._blas_request = blas_threads if blas_threads is not None else max(1, cores // self.lanes)
+        self.blas_threads: int | None = None
+        self.graph_tasks_started = 0
+        self.graph_tasks_finished = 0
+        self.grads_stolen = 0
+        self.grads_copied = 0
+        self.grads_accumulated = 0
+        self.closed = False
+
+    def device(self, spec: Any) -> Device:
+        """Resolve a device name ("cpu", "cpu:1", "cuda") or object to this runtime's device."""
+        if isinstance(spec, Device):
+            spec = str(spec)
+        key = str(spec)
+        dev = self.devices.get(key)
+        if dev is None:
+            if key.startswith("cuda"):
+                dev = self._open_cuda(key)
+            else:
+                known = ", ".join(sorted(self.devices))
+                raise ValueError(f"unknown device {key!r}: this runtime has {known}")
+        return dev
+
+    def _open_cuda(self, key: str) -> Device:
+        raise RuntimeError(
+            f"device {key!r} is not available: the CUDA device needs cupy and a GPU "
+            "(pip install 'asyncgrad[cuda]'); use device='cpu'"
+        )
+
+    def threads(self) -> list[threading.Thread]:
+        """The worker threads this runtime owns (its fixed set)."""
+        out: list[threading.Thread] = []
+        for name, d in self.devices.items():
+            if name != "cpu":
+                out.extend(d.threads())
+        return out
+
+    def statistics(self) -> RuntimeStatistics:
+        return RuntimeStatistics(
+            devices=tuple(k for k in self.devices if k != "cpu"),
+            lanes=self.lanes,
+            blas_threads=self.blas_threads,
+            graph_tasks_started=self.graph_tasks_started,
+            graph_tasks_finished=self.graph_tasks_finished,
+            grads_stolen=self.grads_stolen,
+            grads_copied=self.grads_copied,
+            grads_accumulated=self.grads_accumulated,
+            worker_threads=len(self.threads()),
+        )
+
+    async def synchronize(self) -> None:
+        """Wait until every stream of every device has finished its work."""
+        for name, d in self.devices.items():
+            if name != "cpu":
+                await d.call(_sync_msg())
+
+
+def _sync_msg() -> Any:
+    from ..devices import Synchronize
+
+    return Synchronize()
+
+
+@asynccontextmanager
+async def open_runtime(
+    *, lanes: int | None = None, cpu_devices: int = 1, blas_threads: int | None = None
+) -> AsyncIterator[Runtime]:
+    """Open a runtime: start the device actors (and their worker lanes) in a nursery.
+
+    Args:
+        lanes: Worker threads per CPU device (default: the machine's cores).
+        cpu_devices: How many independent CPU devices ("cpu:0", "cpu:1", ...) to run.
+        blas_threads: BLAS threads per kernel; default ``cores // lanes`` so lanes never oversubscribe.
+
+    Leaving the block waits for queued kernels, stops and joins every worker thread.
+    """
+    if _current.get() is not None and not _current.get().closed:  # type: ignore[union-attr]
+        raise RuntimeError("a runtime is already open in this task; nested runtimes are not supported")
+    rt = Runtime(lanes=lanes, cpu_devices=cpu_devices, blas_threads=blas_threads)
+    rt.blas_threads = _BlasLimit.acquire(rt._blas_request)
+    token = _current.set(rt)
+    streams_token = _task_streams.set(None)
+    try:
+        async with trio.open_nursery() as nursery:
+            for name, dev in rt.devices.items():
+                if name != "cpu":
+                    await nursery.start(dev.run)
+            try:
+                yield rt
+            finally:
+                for name, dev in rt.devices.items():
+                    if name != "cpu":
+                        dev.close()
+    finally:
+        rt.closed = True
+        _task_streams.reset(streams_token)
+        _current.reset(token)
+        _BlasLimit.release()
+
+
+def run(main: Callable[..., Awaitable[Any]], *args: Any, **runtime_options: Any) -> Any:
+    """Run ``main(*args)`` under `trio.run` inside an open runtime; returns its result.
+
+    Keyword arguments are passed to `open_runtime`.
+    """
+
+    async def _main() -> Any:
+        async with open_runtime(**runtime_options):
+            return await main(*args)
+
+    return trio.run(_main)
+
+
+def current_runtime(what: str = "this operation") -> Runtime:
+    """The runtime open in this task, or a clear error saying how to open one."""
+    rt = _current.get()
+    if rt is None or rt.closed:
+        raise NoRuntimeError(_NO_RUNTIME.format(what=what))
+    return rt
+
+
+def current_stream(device: Device) -> Stream:
+    """The calling task's stream on ``device`` (each trio task gets its own, like a CUDA current stream)."""
+    ts = _task_streams.get()
+    try:
+        task = trio.lowlevel.current_task()
+    except RuntimeError:
+        raise NoRuntimeError(_NO_RUNTIME.format(what="this operation")) from None
+    if ts is None or ts.task is not task:
+        ts = _TaskStreams(task)
+        _task_streams.set(ts)
+        # the task's streams go back to their pools when the task object dies
+        weakref.finalize(task, _release_streams, ts.by_device)
+    s = ts.by_device.get(device)
+    if s is None:
+        s = ts.by_device[device] = device.pool.acquire()
+    return s

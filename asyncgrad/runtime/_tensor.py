@@ -1,0 +1,425 @@
+"""The Tensor: an array on a device whose value may still be computing on a stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..devices import Device, Stream
+from . import _dispatch
+from ._runtime import current_runtime
+
+_INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
+
+
+class Tensor:
+    """An n-dimensional array with autograd, living on a device.
+
+    Ops on tensors return at once; the value may still be computing on the task's stream. `numpy()`,
+    `item()` and anything else that needs the value waits for it (`await t.ready()` waits without
+    blocking the event loop).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_data",
+        "_dev",
+        "_dtype",
+        "_grad",
+        "_grad_fn",
+        "_hooks",
+        "_out_nr",
+        "_post_hooks",
+        "_retains_grad",
+        "_rg",
+        "_seq",
+        "_shape",
+        "_stream",
+    )
+
+    # lets numpy defer to Tensor in `ndarray + Tensor`
+    __array_priority__ = 1000
+
+    # ---- construction (internal) ----------------------------------------------------------------
+
+    @classmethod
+    def _wrap(cls, data: np.ndarray, dev: Device) -> Tensor:
+        t = object.__new__(cls)
+        if not isinstance(data, np.ndarray):
+            data = np.asarray(data)
+        t._data = data
+        t._shape = data.shape
+        t._dtype = data.dtype
+        t._dev = dev
+        t._stream = None
+        t._seq = 0
+        t._rg = False
+        t._grad = None
+        t._grad_fn = None
+        t._out_nr = 0
+        t._hooks = None
+        t._post_hooks = None
+        t._retains_grad = False
+        return t
+
+    @classmethod
+    def _pending(cls, shape: tuple[int, ...], dtype: Any, dev: Device, stream: Stream) -> Tensor:
+        t = object.__new__(cls)
+        t._data = None
+        t._shape = shape
+        t._dtype = dtype
+        t._dev = dev
+        t._stream = stream
+        t._seq = 0
+        t._rg = False
+        t._grad = None
+        t._grad_fn = None
+        t._out_nr = 0
+        t._hooks = None
+        t._post_hooks = None
+        t._retains_grad = False
+        return t
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        raise TypeError("create tensors with asyncgrad.tensor(...), asyncgrad.zeros(...) and friends")
+
+    # ---- attributes ------------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    def size(self, dim: int | None = None) -> Any:
+        return self._shape if dim is None else self._shape[dim]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype  # type: ignore[no-any-return]
+
+    @property
+    def device(self) -> Device:
+        return self._dev
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    def dim(self) -> int:
+        return len(self._shape)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self._shape:
+            n *= s
+        return n
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Strides in bytes, numpy style (waits for the value)."""
+        return self.numpy().strides
+
+    def stride(self) -> tuple[int, ...]:
+        """Strides in elements, PyTorch style (waits for the value)."""
+        isz = self._dtype.itemsize
+        return tuple(s // isz for s in self.numpy().strides)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._rg
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        if self._grad_fn is not None and not flag:
+            raise RuntimeError(
+                "you can only change requires_grad flags of leaf tensors; use .detach() to get a tensor "
+                "outside the graph"
+            )
+        if flag and self._dtype.kind not in "fc":
+            raise RuntimeError(
+                f"only floating point tensors can require gradients, got dtype {self._dtype}; "
+                "convert first, e.g. t.to(dtype='float64')"
+            )
+        self._rg = bool(flag)
+
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        self.requires_grad = flag
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._grad_fn is None
+
+    @property
+    def grad_fn(self) -> Any:
+        return self._grad_fn
+
+    @property
+    def grad(self) -> Tensor | None:
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad must be a Tensor or None, got {type(value).__name__}")
+            if value._shape != self._shape or value._dtype != self._dtype or value._dev is not self._dev:
+                raise RuntimeError(
+                    f"assigned grad has shape {value._shape}, dtype {value._dtype}, device {value._dev} "
+                    f"but the tensor has shape {self._shape}, dtype {self._dtype}, device {self._dev}; "
+                    "they must match"
+                )
+        self._grad = value
+
+    def retain_grad(self) -> None:
+        """Keep `.grad` for this non-leaf tensor after backward."""
+        if self._grad_fn is None:
+            return
+        if not self._retains_grad:
+            self._retains_grad = True
+            from ._hooks import tensor_retain_grad
+
+            tensor_retain_grad(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
+
+    # ---- values ----------------------------------------------------------------------------------
+
+    def _value(self) -> np.ndarray:
+        s = self._stream
+        if s is not None and s._completed < self._seq:
+            s.synchronize_blocking(self._seq)
+        elif s is not None:
+            s.check_error()
+        data = self._data
+        if data is None:
+            raise RuntimeError(
+                "this tensor has no value: the kernel that computes it was skipped because an earlier "
+                "kernel on its stream failed (see the error raised before)"
+            )
+        return data
+
+    def numpy(self) -> np.ndarray:
+        """The tensor's own numpy array (shares memory, keeps strides), after its pending work is done."""
+        if self._dev.type != "cpu":
+            raise TypeError(f"can't convert a {self._dev} tensor to numpy; use .to('cpu') first")
+        return self._value()
+
+    def item(self) -> Any:
+        """The value of a one-element tensor as a Python number."""
+        if self.numel() != 1:
+            raise ValueError(
+                f"item(): only one-element tensors can be converted to Python scalars, got shape {self._shape}"
+            )
+        return self._value().item()
+
+    def tolist(self) -> Any:
+        return self._value().tolist()
+
+    async def ready(self) -> Tensor:
+        """Wait, without blocking the event loop, until this tensor's value is computed."""
+        s = self._stream
+        if s is not None:
+            await s.synchronize(self._seq)
+        return self
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self._grad_fn is not None:
+            extra = f", grad_fn=<{self._grad_fn.name()}>"
+        elif self._rg:
+            extra = ", requires_grad=True"
+        try:
+            body = np.array2string(self._value(), separator=", ", prefix="tensor(")
+        except Exception as e:  # repr must not raise
+            body = f"<unavailable: {e}>"
+        dev = "" if self._dev.type == "cpu" and self._dev.index == 0 else f", device='{self._dev}'"
+        return f"tensor({body}, dtype={self._dtype}{dev}{extra})"
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(
+                f"the truth value of a tensor with {self.numel()} elements is ambiguous; use .any() or .all()"
+            )
+        return bool(self._value())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self._dtype.kind not in "iu":
+            raise TypeError("only integer tensors of a single element can be used as an index")
+        return int(self.item())
+
+    __hash__ = object.__hash__
+
+    # ---- graph-free copies -----------------------------------------------------------------------
+
+    def detach(self) -> Tensor:
+        """A tensor sharing this one's value, outside the graph."""
+        if self._stream is None or self._stream._completed >= self._seq:
+            return Tensor._wrap(self._value(), self._dev)
+        from ._ops_shape import alias
+
+        return alias(self)
+
+    def detach_(self) -> Tensor:
+        self._grad_fn = None
+        self._rg = False
+        return self
+
+    def clone(self) -> Tensor:
+        from ._ops_elementwise import clone
+
+        return clone(self)
+
+    def contiguous(self) -> Tensor:
+        """This tensor if it is C-contiguous, else a C-contiguous copy (differentiable)."""
+        if self._stream is None and self._data.flags.c_contiguous:
+            return self
+        from ._ops_elementwise import contiguous
+
+        return contiguous(self)
+
+    def to(self, device: Any = None, dtype: Any = None, *, copy: bool = False) -> Tensor:
+        """Move to ``device`` and/or convert to ``dtype`` (differentiable for float dtypes)."""
+        if device is not None and not isinstance(device, (str, Device)):
+            device, dtype = None, device  # t.to(dtype)
+        t = self
+        if dtype is not None and np.dtype(dtype) != self._dtype:
+            from ._ops_elementwise import astype
+
+            t = astype(t, np.dtype(dtype))
+        if device is not None:
+            rt = current_runtime("Tensor.to")
+            dev = rt.device(device)
+            if dev is not t._dev:
+                from ._ops_elementwise import to_device
+
+                t = to_device(t, dev)
+        if copy and t is self:
+            t = self.clone()
+        return t
+
+    def float(self) -> Tensor:
+        return self.to(dtype=np.float32)
+
+    def double(self) -> Tensor:
+        return self.to(dtype=np.float64)
+
+    # ---- autograd --------------------------------------------------------------------------------
+
+    async def backward(
+        self,
+        gradient: Tensor | None = None,
+        *,
+        retain_graph: bool | None = None,
+        create_graph: bool = False,
+        inputs: Sequence[Tensor] | Tensor | None = None,
+    ) -> None:
+        """Accumulate the gradient of this tensor into the `.grad` of the leaves (await it)."""
+        from ._engine import backward
+
+        await backward(
+            [self],
+            None if gradient is None else [gradient],
+            retain_graph=retain_graph,
+            create_graph=create_graph,
+            inputs=inputs,
+        )
+
+    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Any:
+        """Call ``hook(grad)`` when the gradient w.r.t. this tensor is computed; it may return a new grad.
+
+        Returns a handle whose ``remove()`` removes exactly this hook.
+        """
+        from ._hooks import tensor_register_hook
+
+        return tensor_register_hook(self, hook)
+
+    def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> Any:
+        """Call ``hook(tensor)`` after `.grad` of this leaf has been updated by a backward pass."""
+        from ._hooks import tensor_register_post_accumulate_hook
+
+        return tensor_register_post_accumulate_hook(self, hook)
+
+    # ---- in-place helpers used by optimizers and zero_grad ---------------------------------------
+
+    def zero_(self) -> Tensor:
+        from ._inplace import inplace
+
+        return inplace(self, lambda a: a.fill(0))
+
+    def fill_(self, value: float) -> Tensor:
+        from ._inplace import inplace
+
+        return inplace(self, lambda a: a.fill(value))
+
+    def copy_(self, src: Tensor | np.ndarray) -> Tensor:
+        from ._inplace import inplace
+
+        return inplace(self, lambda a, s: np.copyto(a, s), src)
+
+    def add_(self, other: Any, *, alpha: float = 1.0) -> Tensor:
+        from ._inplace import inplace
+
+        if alpha == 1.0:
+            return inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
+        return inplace(self, lambda a, o: np.add(a, alpha * o, out=a, casting="unsafe"), other)
+
+    def mul_(self, other: Any) -> Tensor:
+        from ._inplace import inplace
+
+        return inplace(self, lambda a, o: np.multiply(a, o, out=a, casting="unsafe"), other)
+
+    def sub_(self, other: Any, *, alpha: float = 1.0) -> Tensor:
+        return self.add_(other, alpha=-alpha)
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return self._iop(other, np.add, "add")
+
+    def __isub__(self, other: Any) -> Tensor:
+        return self._iop(other, np.subtract, "sub")
+
+    def __imul__(self, other: Any) -> Tensor:
+        return self._iop(other, np.multiply, "mul")
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return self._iop(other, np.true_divide, "div")
+
+    def _iop(self, other: Any, ufunc: Any, name: str) -> Tensor:
+        from . import _grad_mode
+        from ._inplace import inplace
+
+        if self._rg and _grad_mode.is_grad_enabled():
+            raise RuntimeError(
+                f"in-place {name} on a tensor that requires grad while grad mode is on would corrupt the "
+                "graph; use `with asyncgrad.no_grad():` or an out-of-place op"
+            )
+        return inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
+
+
+_dispatch.Tensor = Tensor  # type: ignore[attr-defined]
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)

@@ -1,0 +1,120 @@
+"""The two array namespaces a backward rule runs against.
+
+`NP` is numpy itself (plain backward: the rule runs as one kernel on a lane). `AG` maps the same names
+onto differentiable asyncgrad ops (``create_graph=True``: the rule's own ops are recorded).
+Rules may use operators (+ - * / ** @, comparisons, indexing) and only the functions below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _index_add(shape: tuple[int, ...], idx: Any, g: np.ndarray) -> np.ndarray:
+    """Scatter-add ``g`` into zeros of ``shape`` at ``idx`` (the adjoint of ``x[idx]``)."""
+    z = np.zeros(shape, dtype=g.dtype)
+    if _is_basic(idx):
+        z[idx] = g  # basic indexing never repeats an element
+    else:
+        np.add.at(z, idx, g)
+    return z
+
+
+def _is_basic(idx: Any) -> bool:
+    items = idx if isinstance(idx, tuple) else (idx,)
+    return all(isinstance(i, (int, np.integer, slice, type(None), type(Ellipsis))) for i in items)
+
+
+class NP:
+    """numpy namespace for rules."""
+
+    exp = staticmethod(np.exp)
+    log = staticmethod(np.log)
+    tanh = staticmethod(np.tanh)
+    sqrt = staticmethod(np.sqrt)
+    sign = staticmethod(np.sign)
+    abs = staticmethod(np.abs)
+    where = staticmethod(np.where)
+    matmul = staticmethod(np.matmul)
+    swapaxes = staticmethod(np.swapaxes)
+    transpose = staticmethod(np.transpose)
+    expand_dims = staticmethod(np.expand_dims)
+    reshape = staticmethod(np.reshape)
+    broadcast_to = staticmethod(np.broadcast_to)
+    index_add = staticmethod(_index_add)
+
+    @staticmethod
+    def sum(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        return np.sum(x, axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def astype(x: np.ndarray, dtype: Any) -> np.ndarray:
+        return x.astype(dtype, copy=False)
+
+    @staticmethod
+    def value(x: Any) -> Any:
+        return x
+
+    @staticmethod
+    def const(arr: Any, like: Any) -> Any:
+        return arr
+
+    @staticmethod
+    def concat(xs: Any, axis: int) -> Any:
+        return np.concatenate(xs, axis=axis)
+
+
+class AG:
+    """asyncgrad namespace for rules (bound lazily: the op modules import this one)."""
+
+    @staticmethod
+    def _bind() -> None:
+        from . import _ops_elementwise as E
+        from . import _ops_linalg as L
+        from . import _ops_reduce as R
+        from . import _ops_shape as S
+        from ._tensor import Tensor
+
+        AG.exp = staticmethod(E.exp)  # type: ignore[attr-defined]
+        AG.log = staticmethod(E.log)  # type: ignore[attr-defined]
+        AG.tanh = staticmethod(E.tanh)  # type: ignore[attr-defined]
+        AG.sqrt = staticmethod(E.sqrt)  # type: ignore[attr-defined]
+        AG.sign = staticmethod(E.sign)  # type: ignore[attr-defined]
+        AG.abs = staticmethod(E.abs)  # type: ignore[attr-defined]
+        AG.where = staticmethod(E.where)  # type: ignore[attr-defined]
+        AG.astype = staticmethod(E.astype)  # type: ignore[attr-defined]
+        AG.matmul = staticmethod(L.matmul)  # type: ignore[attr-defined]
+        AG.swapaxes = staticmethod(lambda x, i, j: S.transpose(x, i, j))  # type: ignore[attr-defined]
+        AG.transpose = staticmethod(S.permute)  # type: ignore[attr-defined]
+        AG.expand_dims = staticmethod(S.expand_dims)  # type: ignore[attr-defined]
+        AG.reshape = staticmethod(S.reshape)  # type: ignore[attr-defined]
+        AG.broadcast_to = staticmethod(S.broadcast_to)  # type: ignore[attr-defined]
+        AG.index_add = staticmethod(S.index_add)  # type: ignore[attr-defined]
+        AG.concat = staticmethod(lambda xs, axis: S.concat(list(xs), axis))  # type: ignore[attr-defined]
+        AG.sum = staticmethod(lambda x, axis=None, keepdims=False: R.sum(x, axis, keepdims))  # type: ignore[attr-defined]
+        AG.value = staticmethod(lambda x: x.numpy() if isinstance(x, Tensor) else x)  # type: ignore[attr-defined]
+        AG.const = staticmethod(  # type: ignore[attr-defined]
+            lambda arr, like: Tensor._wrap(np.asarray(arr), like._dev) if isinstance(like, Tensor) else arr
+        )
+
+
+def sum_to(xp: Any, g: Any, shape: tuple[int, ...]) -> Any:
+    """Reduce a broadcast gradient back to ``shape`` (the engine applies this to every rule output)."""
+    gshape = g.shape
+    if gshape == shape:
+        return g
+    lead = len(gshape) - len(shape)
+    if lead < 0:
+        raise ValueError(f"gradient of shape {tuple(gshape)} cannot be reduced to shape {shape}")
+    axes = tuple(range(lead)) + tuple(
+        i + lead for i, s in enumerate(shape) if s == 1 and gshape[i + lead] != 1
+    )
+    if axes:
+        g = xp.sum(g, axes, True)
+    if lead:
+        g = xp.reshape(g, shape)
+    if tuple(g.shape) != tuple(shape):
+        raise ValueError(f"gradient of shape {tuple(gshape)} cannot be reduced to shape {shape}")
+    return g
