@@ -83,29 +83,21 @@ class Node:
     Subclasses: `OpNode` (built-in ops, rules from the op table) and ``FunctionNode`` (`Function`).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_post_hooks",
-        "_pre_hooks",
-        "_released",
-        "_retained",
-        "_tensor_pre_hooks",
-        "next",
-        "seq",
-        "stream",
-    )
+    # hot fields are slots; rarely set ones (hooks, release flag) live in __dict__ with class defaults,
+    # so creating a node per op sets only what every node needs
+    __slots__ = ("__dict__", "__weakref__", "next", "seq", "stream")
 
     is_async = False
     n_outputs = 1
+    _released = False
+    _pre_hooks: Any = None
+    _post_hooks: Any = None
+    _tensor_pre_hooks: dict[int, Any] | None = None
+    _retained: dict[int, Any] | None = None
 
-    def _init_node(self, stream: Stream) -> None:
+    def _init_node(self, stream: Stream | None) -> None:
         self.stream = stream
         self.seq = next(_node_seq)
-        self._released = False
-        self._pre_hooks: Any = None
-        self._post_hooks: Any = None
-        self._tensor_pre_hooks: dict[int, Any] | None = None
-        self._retained: dict[int, Any] | None = None
 
     def name(self) -> str:
         raise NotImplementedError
@@ -160,34 +152,56 @@ def edges_of(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[bool, ...]]:
 class OpNode(Node):
     """A recorded application of a built-in op."""
 
-    __slots__ = ("args", "kw", "needs", "op", "out")
+    out: Any = None  # the output, saved only by ops whose rule needs it (save_out)
 
-    def __init__(self, op: Op, args: tuple[Any, ...], kw: dict[str, Any], stream: Stream) -> None:
-        self._init_node(stream)
+    __slots__ = ("args", "kw", "needs", "op")
+
+    def __init__(self, op: Op, args: tuple[Any, ...], kw: dict[str, Any], stream: Stream | None) -> None:
+        self.stream = stream
+        self.seq = next(_node_seq)
         self.op = op
         self.args = args
         self.kw = kw
-        self.out: Any = None
         self.next, self.needs = edges_of(args)
+
+    def _fast1(self, op: Op, a: Any) -> None:
+        """__init__ for one tensor input that requires grad (no stream: the op ran inline)."""
+        self.seq = next(_node_seq)
+        self.op = op
+        self.args = (a,)
+        self.kw = EMPTY
+        self.stream = None
+        fn = a._grad_fn
+        self.next = ((fn, a._out_nr) if fn is not None else (a, 0),)
+        self.needs = _NEEDS1
+
+    def _fast2s(self, op: Op, a: Any, b: Any) -> None:
+        """__init__ for (tensor that requires grad, Python scalar)."""
+        self.seq = next(_node_seq)
+        self.op = op
+        self.args = (a, b)
+        self.kw = EMPTY
+        self.stream = None
+        fn = a._grad_fn
+        self.next = ((fn, a._out_nr) if fn is not None else (a, 0), None)
+        self.needs = _NEEDS_TS
 
     def name(self) -> str:
         return f"{_camel(self.op.name)}Backward"
 
     def release(self) -> None:
         """Drop saved values (backward without retain_graph)."""
-        self._released = True
-        self.args = tuple(a if not isinstance(a, Tensor) else _Freed(a) for a in self.args)
-        self.out = None
+        self.args = None
+        if self.out is not None:
+            self.out = None
+
+    @property
+    def _released(self) -> bool:  # type: ignore[override]
+        return self.args is None
 
 
-class _Freed:
-    """What a released node keeps of a saved tensor: its shape and dtype only."""
-
-    __slots__ = ("_dtype", "_shape")
-
-    def __init__(self, t: Any) -> None:
-        self._shape = t._shape
-        self._dtype = t._dtype
+_NEEDS1 = (True,)
+_NEEDS_TS = (True, False)
 
 
 class AccumulateGradView:
@@ -207,7 +221,7 @@ def _camel(name: str) -> str:
 
 
 def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
-    """Run ``op`` on ``args``: inline when tiny and the stream is idle, else queued on the task's stream."""
+    """Run ``op`` on ``args``: inline when tiny and its inputs are ready, else queued on the task's stream."""
     T = Tensor
     dev = None
     ready = True
@@ -225,20 +239,81 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
                 rg = True
     if dev is None:
         raise TypeError(f"{op.name}: expected at least one Tensor argument")
-    stream = current_stream(dev)
     shape, dtype = op.meta(*args, **kw)
-    if ready and stream._completed >= stream._submitted and math.prod(shape) <= INLINE_MAX_ELEMENTS:
-        data = op.kernel(*[a._data if isinstance(a, T) else a for a in args], **kw)
-        out = T._wrap(data, dev)
+    stream = None
+    # inline needs only ready inputs: a new output cannot race with queued work (in-place updates mark
+    # their tensor pending, so readers of it queue behind them)
+    if ready and math.prod(shape) <= INLINE_MAX_ELEMENTS:
+        out = T._wrap(op.kernel(*[a._data if isinstance(a, T) else a for a in args], **kw), dev)
     else:
+        stream = current_stream(dev)
         out = _enqueue(op, args, kw, shape, dtype, dev, stream, T)
-    if rg and _grad_mode._grad_enabled.get() and op.rule is not None:
+    if rg and op.rule is not None and _grad_mode._grad_enabled.get():
         node = OpNode(op, args, kw, stream)
         if op.save_out:
             node.out = out
         out._grad_fn = node
         out._rg = True
     return out
+
+
+_SCALARS = (int, float, bool)
+
+
+def apply1(op: Op, a: Any) -> Any:
+    """`apply` for a unary elementwise op (the hot path of small graphs)."""
+    s = a._stream
+    data = a._data
+    if (s is None or s._completed >= a._seq) and data.size <= INLINE_MAX_ELEMENTS:
+        out = Tensor._wrap(op.kernel(data), a._dev)
+        if a._rg and _grad_mode._grad_enabled.get():
+            node = OpNode.__new__(OpNode)
+            node._fast1(op, a)
+            if op.save_out:
+                node.out = out
+            out._grad_fn = node
+            out._rg = True
+        return out
+    return apply(op, (a,))
+
+
+def apply2(op: Op, a: Any, b: Any) -> Any:
+    """`apply` for a binary elementwise op: inline when both operands are ready, small and same-shaped."""
+    T = Tensor
+    if type(a) is T:
+        if type(b) is T:
+            s, t = a._stream, b._stream
+            if (
+                a._shape == b._shape
+                and a._dev is b._dev
+                and (s is None or s._completed >= a._seq)
+                and (t is None or t._completed >= b._seq)
+                and a._data.size <= INLINE_MAX_ELEMENTS
+            ):
+                out = T._wrap(op.kernel(a._data, b._data), a._dev)
+                if (a._rg or b._rg) and _grad_mode._grad_enabled.get():
+                    out._grad_fn = OpNode(op, (a, b), EMPTY, None)
+                    out._rg = True
+                return out
+        elif type(b) in _SCALARS:
+            s = a._stream
+            if (s is None or s._completed >= a._seq) and a._data.size <= INLINE_MAX_ELEMENTS:
+                out = T._wrap(op.kernel(a._data, b), a._dev)
+                if a._rg and _grad_mode._grad_enabled.get():
+                    node = OpNode.__new__(OpNode)
+                    node._fast2s(op, a, b)
+                    out._grad_fn = node
+                    out._rg = True
+                return out
+    elif type(b) is T and type(a) in _SCALARS:
+        s = b._stream
+        if (s is None or s._completed >= b._seq) and b._data.size <= INLINE_MAX_ELEMENTS:
+            out = T._wrap(op.kernel(a, b._data), b._dev)
+            if b._rg and _grad_mode._grad_enabled.get():
+                out._grad_fn = OpNode(op, (a, b), EMPTY, None)
+                out._rg = True
+            return out
+    return apply(op, (a, b))
 
 
 def _enqueue(

@@ -91,6 +91,8 @@ class GraphTask:
         self.staged: dict[int, list[Any]] = {}  # id(leaf) -> [leaf, grad]
         self.retained: list[tuple[Tensor, Tensor]] = []
         self.streams: set[Stream] = set()
+        self.stream = current_stream(rt.cpu)  # the caller's stream: default for nodes that ran inline
+        self.streams.add(self.stream)
 
     # -- discovery ---------------------------------------------------------------------------------
 
@@ -150,45 +152,64 @@ class GraphTask:
             if deps.get(node, 0) == 0:
                 heapq.heappush(heap, (-node.seq, node))
         budget_end = time.perf_counter() + TIME_BUDGET_S
+        heappop, heappush, clock = heapq.heappop, heapq.heappush, time.perf_counter
+        release = not self.retain_graph
+        targets = self.targets
+        apply_plain = self._apply_plain
+        streams, task_stream = self.streams, self.stream
         with _grad_mode.set_grad_enabled(create):
             while heap:
-                node = heapq.heappop(heap)[1]
+                node = heappop(heap)[1]
                 gouts = buffers.pop(node, None)
                 gins = None
-                if gouts is not None and any(g is not None for g in gouts):
-                    gouts = self._pre(node, gouts)
+                if gouts is not None and (gouts[0] is not None or any(g is not None for g in gouts)):
+                    if node._tensor_pre_hooks or node._pre_hooks or node._retained or targets is not None:
+                        gouts = self._pre(node, gouts)
                     if runs is None or node in runs:
-                        gins = await self._apply(node, gouts) if node.is_async else self._apply_plain(node, gouts)
+                        if type(node) is OpNode and not create:
+                            st = node.stream
+                            if st is not None and st not in streams:
+                                streams.add(st)
+                            gins = _apply_op_kernel(node, gouts[0], task_stream)
+                        elif node.is_async:
+                            gins = await self._apply(node, gouts)
+                        else:
+                            gins = apply_plain(node, gouts)
                         if node._post_hooks:
                             gins = _run_post_hooks(node, gins, gouts)
-                        if not self.retain_graph:
+                        if release:
                             node.release()
-                for i, e in enumerate(node.next):
+                i = -1
+                for e in node.next:
+                    i += 1
                     if e is None:
                         continue
-                    tgt, nr = e
+                    tgt = e[0]
                     g = gins[i] if gins is not None else None
                     if isinstance(tgt, Node):
                         if g is not None:
-                            self._add_to_buffer(buffers, tgt, nr, g)
+                            buf = buffers.get(tgt)
+                            if buf is None:
+                                buf = buffers[tgt] = [None] * tgt.n_outputs
+                            old = buf[e[1]]
+                            buf[e[1]] = g if old is None else old + g
                         left = deps[tgt] - 1
                         deps[tgt] = left
                         if left == 0:
-                            heapq.heappush(heap, (-tgt.seq, tgt))
+                            heappush(heap, (-tgt.seq, tgt))
                     elif g is not None:
                         self._to_leaf(tgt, g)
-                if time.perf_counter() > budget_end:
+                if clock() > budget_end:
                     await trio.lowlevel.checkpoint()
-                    budget_end = time.perf_counter() + TIME_BUDGET_S
+                    budget_end = clock() + TIME_BUDGET_S
             self._leaf_hooks()
-        for s in self.streams:
-            await s.synchronize()
-        await current_stream(self.rt.cpu).synchronize()
+        for st in self.streams:
+            await st.synchronize()
 
     def _add_to_buffer(self, buffers: dict[Node, list[Any]], node: Node, nr: int, g: Tensor) -> None:
         buf = buffers.get(node)
         if buf is None:
-            buf = buffers[node] = [None] * max(node.n_outputs, 1)
+            buf = buffers[node] = [None] * node.n_outputs
         old = buf[nr]
         buf[nr] = g if old is None else old + g
 
@@ -236,11 +257,13 @@ class GraphTask:
                 entry[1] = g
 
     def _apply_plain(self, node: Node, gouts: list[Any]) -> list[Any]:
-        if isinstance(node, OpNode):
-            self.streams.add(node.stream)
+        if type(node) is OpNode:
             if self.create_graph:
                 return _apply_op_graph(node, gouts[0])
-            return _apply_op_kernel(node, gouts[0])
+            st = node.stream
+            if st is not None and st not in self.streams:
+                self.streams.add(st)
+            return _apply_op_kernel(node, gouts[0], self.stream)
         return _apply_function(node, gouts, self)
 
     async def _apply(self, node: Node, gouts: list[Any]) -> list[Any]:
@@ -346,17 +369,38 @@ def _run_post_hooks(node: Node, gins: list[Any], gouts: list[Any]) -> list[Any]:
 # ---- applying built-in nodes ----------------------------------------------------------------------
 
 
-def _apply_op_kernel(node: OpNode, g: Tensor) -> list[Any]:
+def _ready(t: Any) -> bool:
+    s = t._stream
+    return s is None or s._completed >= t._seq
+
+
+def _apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     """Run the node's rule on numpy arrays: inline when tiny and ready, else as one kernel on its stream."""
-    op, args, kw, needs, out = node.op, node.args, node.kw, node.needs, node.out
-    stream = node.stream
-    ready = stream._completed >= stream._submitted and (g._stream is None or g._stream._completed >= g._seq)
-    if ready and g._data is not None and g._data.size <= INLINE_MAX_ELEMENTS:
-        arrays = [a._data if isinstance(a, Tensor) else a for a in args]
-        if all(a is not None for a in arrays):
-            gs = _run_rule(node, NP, g._data, arrays, None if out is None else out._data)
-            dev = g._dev
-            return [None if x is None else Tensor._wrap(x, dev) for x in gs]
+    args, out = node.args, node.out
+    gd = g._data
+    s = g._stream
+    if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and (s is None or s._completed >= g._seq):
+        arrays = []
+        for a in args:
+            if isinstance(a, Tensor):
+                s = a._stream
+                if s is not None and s._completed < a._seq:
+                    break
+                arrays.append(a._data)
+            else:
+                arrays.append(a)
+        else:
+            if out is None:
+                gs = _run_rule(node, NP, gd, arrays, None)
+            elif _ready(out):
+                gs = _run_rule(node, NP, gd, arrays, out._data)
+            else:
+                gs = None
+            if gs is not None:
+                dev = g._dev
+                wrap = Tensor._wrap
+                return [None if x is None else wrap(x, dev) for x in gs]
+    stream = node.stream or task_stream
     wait_for(g, stream)
     for a in args:
         if isinstance(a, Tensor):
@@ -365,17 +409,18 @@ def _apply_op_kernel(node: OpNode, g: Tensor) -> list[Any]:
         wait_for(out, stream)
     dev = stream.device
     results = [
-        Tensor._pending(a._shape, a._dtype, dev, stream) if need else None for a, need in zip(args, needs)
+        Tensor._pending(a._shape, a._dtype, dev, stream) if need else None
+        for a, need in zip(args, node.needs)
     ]
+    view = _NodeView(node.op, node.kw, node.needs)
 
     def job() -> None:
         arrays = [a._data if isinstance(a, Tensor) else a for a in args]
-        gs = _run_rule(node_ref, NP, g._data, arrays, None if out is None else out._data)
+        gs = _run_rule(view, NP, g._data, arrays, None if out is None else out._data)
         for r, x in zip(results, gs):
             if r is not None:
                 r._data = x
 
-    node_ref = _NodeView(op, kw, needs, [(a._shape, a._dtype) if isinstance(a, Tensor) else None for a in args])
     seq = stream.submit(job)
     for r in results:
         if r is not None:
@@ -386,10 +431,10 @@ def _apply_op_kernel(node: OpNode, g: Tensor) -> list[Any]:
 class _NodeView:
     """What a queued rule kernel needs of its node (the node itself may be released meanwhile)."""
 
-    __slots__ = ("kw", "meta", "needs", "op")
+    __slots__ = ("kw", "needs", "op")
 
-    def __init__(self, op: Any, kw: Any, needs: Any, meta: Any) -> None:
-        self.op, self.kw, self.needs, self.meta = op, kw, needs, meta
+    def __init__(self, op: Any, kw: Any, needs: Any) -> None:
+        self.op, self.kw, self.needs = op, kw, needs
 
     def name(self) -> str:
         from ._dispatch import _camel
@@ -398,6 +443,7 @@ class _NodeView:
 
 
 def _run_rule(node: Any, xp: Any, g: Any, arrays: list[Any], out: Any) -> list[Any]:
+    """Call the op's rule, then check and fix up what it returned (count, broadcast shape, dtype)."""
     op, needs = node.op, node.needs
     gs = op.rule(xp, g, arrays, out, node.kw, needs)
     if len(gs) != len(arrays):
@@ -405,22 +451,21 @@ def _run_rule(node: Any, xp: Any, g: Any, arrays: list[Any], out: Any) -> list[A
             f"backward rule of {op.name} returned {len(gs)} gradients, expected {len(arrays)} (one per input)"
         )
     res: list[Any] = []
-    for i, (x, need) in enumerate(zip(gs, needs)):
-        if not need:
+    for i, x in enumerate(gs):
+        if not needs[i]:
             res.append(None)
             continue
         a = arrays[i]
-        shape, dtype = (a._shape, a._dtype) if isinstance(a, Tensor) else (a.shape, a.dtype)
         if x is None:
             raise RuntimeError(f"backward rule of {op.name} returned no gradient for input {i}")
-        if xp is NP:
-            x = np.asarray(x)
-        try:
-            x = sum_to(xp, x, tuple(shape))
-        except ValueError as e:
-            raise RuntimeError(f"backward rule of {op.name}, input {i}: {e}") from None
-        if x.dtype != dtype:
-            x = xp.astype(x, dtype)
+        shape = a.shape
+        if x.shape != shape:
+            try:
+                x = sum_to(xp, x, tuple(shape))
+            except ValueError as e:
+                raise RuntimeError(f"backward rule of {op.name}, input {i}: {e}") from None
+        if x.dtype != a.dtype:
+            x = xp.astype(x, a.dtype)
         res.append(x)
     return res
 

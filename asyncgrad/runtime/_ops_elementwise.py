@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._dispatch import EMPTY, Op, OpError, apply, broadcast_shapes, defop
+from ._dispatch import EMPTY, Op, OpError, apply, apply1, apply2, broadcast_shapes, defop
 from ._tensor import Tensor
 
 _udtype: dict[tuple[Any, Any, Any], np.dtype[Any]] = {}
@@ -133,37 +133,37 @@ def _check_operand(name: str, x: Any) -> Any:
 
 def add(a: Any, b: Any) -> Tensor:
     """Elementwise ``a + b`` with broadcasting."""
-    return apply(OP_ADD, (a, b))
+    return apply2(OP_ADD, a, b)
 
 
 def sub(a: Any, b: Any) -> Tensor:
     """Elementwise ``a - b`` with broadcasting."""
-    return apply(OP_SUB, (a, b))
+    return apply2(OP_SUB, a, b)
 
 
 def mul(a: Any, b: Any) -> Tensor:
     """Elementwise ``a * b`` with broadcasting."""
-    return apply(OP_MUL, (a, b))
+    return apply2(OP_MUL, a, b)
 
 
 def div(a: Any, b: Any) -> Tensor:
     """Elementwise true division with broadcasting."""
-    return apply(OP_DIV, (a, b))
+    return apply2(OP_DIV, a, b)
 
 
 def pow(a: Any, b: Any) -> Tensor:
     """Elementwise ``a ** b``."""
-    return apply(OP_POW, (a, b))
+    return apply2(OP_POW, a, b)
 
 
 def maximum(a: Any, b: Any) -> Tensor:
     """Elementwise maximum (ties split the gradient)."""
-    return apply(OP_MAXIMUM, (a, b))
+    return apply2(OP_MAXIMUM, a, b)
 
 
 def minimum(a: Any, b: Any) -> Tensor:
     """Elementwise minimum (ties split the gradient)."""
-    return apply(OP_MINIMUM, (a, b))
+    return apply2(OP_MINIMUM, a, b)
 
 
 # ---- unary ----------------------------------------------------------------------------------------
@@ -228,47 +228,47 @@ OP_SIGN = defop("sign", np.sign, _unary_meta(np.sign))
 
 def neg(x: Tensor) -> Tensor:
     """Elementwise negation."""
-    return apply(OP_NEG, (x,))
+    return apply1(OP_NEG, x)
 
 
 def exp(x: Tensor) -> Tensor:
     """Elementwise exponential."""
-    return apply(OP_EXP, (x,))
+    return apply1(OP_EXP, x)
 
 
 def log(x: Tensor) -> Tensor:
     """Elementwise natural logarithm."""
-    return apply(OP_LOG, (x,))
+    return apply1(OP_LOG, x)
 
 
 def tanh(x: Tensor) -> Tensor:
     """Elementwise hyperbolic tangent."""
-    return apply(OP_TANH, (x,))
+    return apply1(OP_TANH, x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
     """Elementwise logistic sigmoid (overflow-safe)."""
-    return apply(OP_SIGMOID, (x,))
+    return apply1(OP_SIGMOID, x)
 
 
 def relu(x: Tensor) -> Tensor:
     """Elementwise max(x, 0)."""
-    return apply(OP_RELU, (x,))
+    return apply1(OP_RELU, x)
 
 
 def sqrt(x: Tensor) -> Tensor:
     """Elementwise square root."""
-    return apply(OP_SQRT, (x,))
+    return apply1(OP_SQRT, x)
 
 
 def abs(x: Tensor) -> Tensor:
     """Elementwise absolute value (gradient sign(x), 0 at 0)."""
-    return apply(OP_ABS, (x,))
+    return apply1(OP_ABS, x)
 
 
 def sign(x: Tensor) -> Tensor:
     """Elementwise sign (not differentiable: no gradient flows)."""
-    return apply(OP_SIGN, (x,))
+    return apply1(OP_SIGN, x)
 
 
 # ---- where, copies, casts -------------------------------------------------------------------------
@@ -390,7 +390,7 @@ def _cmp(name: str, ufunc: Any) -> Any:
     op = defop(name, ufunc, _binary_meta(name, ufunc))
 
     def f(a: Any, b: Any) -> Tensor:
-        return apply(op, (a, b))
+        return apply2(op, a, b)
 
     f.__name__ = name
     return f
@@ -409,17 +409,17 @@ ne = _cmp("ne", np.not_equal)
 
 def _install() -> None:
     T = Tensor
-    T.__add__ = lambda s, o: apply(OP_ADD, (s, o))  # type: ignore[method-assign]
-    T.__radd__ = lambda s, o: apply(OP_ADD, (o, s))  # type: ignore[method-assign]
-    T.__sub__ = lambda s, o: apply(OP_SUB, (s, o))  # type: ignore[method-assign]
-    T.__rsub__ = lambda s, o: apply(OP_SUB, (o, s))  # type: ignore[method-assign]
-    T.__mul__ = lambda s, o: apply(OP_MUL, (s, o))  # type: ignore[method-assign]
-    T.__rmul__ = lambda s, o: apply(OP_MUL, (o, s))  # type: ignore[method-assign]
-    T.__truediv__ = lambda s, o: apply(OP_DIV, (s, o))  # type: ignore[method-assign]
-    T.__rtruediv__ = lambda s, o: apply(OP_DIV, (o, s))  # type: ignore[method-assign]
-    T.__pow__ = lambda s, o: apply(OP_POW, (s, o))  # type: ignore[method-assign]
-    T.__rpow__ = lambda s, o: apply(OP_POW, (o, s))  # type: ignore[method-assign]
-    T.__neg__ = lambda s: apply(OP_NEG, (s,))  # type: ignore[method-assign]
+    T.__add__ = lambda s, o: apply2(OP_ADD, s, o)  # type: ignore[method-assign]
+    T.__radd__ = lambda s, o: apply2(OP_ADD, o, s)  # type: ignore[method-assign]
+    T.__sub__ = lambda s, o: apply2(OP_SUB, s, o)  # type: ignore[method-assign]
+    T.__rsub__ = lambda s, o: apply2(OP_SUB, o, s)  # type: ignore[method-assign]
+    T.__mul__ = lambda s, o: apply2(OP_MUL, s, o)  # type: ignore[method-assign]
+    T.__rmul__ = lambda s, o: apply2(OP_MUL, o, s)  # type: ignore[method-assign]
+    T.__truediv__ = lambda s, o: apply2(OP_DIV, s, o)  # type: ignore[method-assign]
+    T.__rtruediv__ = lambda s, o: apply2(OP_DIV, o, s)  # type: ignore[method-assign]
+    T.__pow__ = lambda s, o: apply2(OP_POW, s, o)  # type: ignore[method-assign]
+    T.__rpow__ = lambda s, o: apply2(OP_POW, o, s)  # type: ignore[method-assign]
+    T.__neg__ = lambda s: apply1(OP_NEG, s)  # type: ignore[method-assign]
     T.__pos__ = lambda s: s  # type: ignore[method-assign]
     T.__abs__ = abs  # type: ignore[method-assign]
     T.__lt__ = lt  # type: ignore[method-assign]

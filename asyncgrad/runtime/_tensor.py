@@ -22,22 +22,16 @@ class Tensor:
     blocking the event loop).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_data",
-        "_dev",
-        "_dtype",
-        "_grad",
-        "_grad_fn",
-        "_hooks",
-        "_out_nr",
-        "_post_hooks",
-        "_retains_grad",
-        "_rg",
-        "_seq",
-        "_shape",
-        "_stream",
-    )
+    # hot fields are slots; rarely set ones live in __dict__ with class defaults, so making a tensor
+    # (once per op) sets only seven fields
+    __slots__ = ("__dict__", "__weakref__", "_data", "_dev", "_dtype", "_grad_fn", "_rg", "_shape", "_stream")
+
+    _seq = 0  # sequence number of the kernel producing the value on `_stream` (when pending)
+    _grad: Tensor | None = None
+    _out_nr = 0
+    _hooks: Any = None
+    _post_hooks: Any = None
+    _retains_grad = False
 
     # lets numpy defer to Tensor in `ndarray + Tensor`
     __array_priority__ = 1000
@@ -47,21 +41,15 @@ class Tensor:
     @classmethod
     def _wrap(cls, data: np.ndarray, dev: Device) -> Tensor:
         t = object.__new__(cls)
-        if not isinstance(data, np.ndarray):
+        if type(data) is not np.ndarray:
             data = np.asarray(data)
         t._data = data
         t._shape = data.shape
         t._dtype = data.dtype
         t._dev = dev
         t._stream = None
-        t._seq = 0
         t._rg = False
-        t._grad = None
         t._grad_fn = None
-        t._out_nr = 0
-        t._hooks = None
-        t._post_hooks = None
-        t._retains_grad = False
         return t
 
     @classmethod
@@ -72,14 +60,8 @@ class Tensor:
         t._dtype = dtype
         t._dev = dev
         t._stream = stream
-        t._seq = 0
         t._rg = False
-        t._grad = None
         t._grad_fn = None
-        t._out_nr = 0
-        t._hooks = None
-        t._post_hooks = None
-        t._retains_grad = False
         return t
 
     def __init__(self, *a: Any, **k: Any) -> None:
