@@ -12,6 +12,7 @@ Example::
     ag.run(main)
 """
 
+from . import hosting as hosting
 from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
 
