@@ -13,8 +13,9 @@ Example::
 """
 
 from . import hosting as hosting
+from . import nn, optim
 from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
 
 __version__ = "0.1.0"
-__all__ = list(_runtime_all)
+__all__ = [*_runtime_all, "nn", "optim"]

@@ -1,0 +1,536 @@
+"""Layers: containers, Linear, Conv2d, pooling, activations, Dropout, LayerNorm, Embedding, Flatten.
+
+Default initialisation is PyTorch's: weights ``kaiming_uniform_(a=sqrt(5))`` (a bound of
+``1/sqrt(fan_in)``), biases ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, embeddings ``N(0, 1)``, layer-norm
+weights 1 and biases 0. Random numbers come from `asyncgrad.default_generator()` (seed with
+`asyncgrad.manual_seed`). Layers must be built inside an open runtime (their parameters are tensors).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import runtime as _rt
+from ..runtime import Tensor, get_default_dtype
+from . import functional as F
+from . import init
+from ._module import Module, Parameter
+
+__all__ = [
+    "GELU",
+    "AvgPool2d",
+    "Conv2d",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "Identity",
+    "LayerNorm",
+    "Linear",
+    "LogSoftmax",
+    "MaxPool2d",
+    "ModuleList",
+    "ReLU",
+    "Sequential",
+    "Sigmoid",
+    "Softmax",
+    "Tanh",
+]
+
+
+def _new_param(shape: Sequence[int], dtype: Any, device: Any) -> Tensor:
+    dt = get_default_dtype() if dtype is None else np.dtype(dtype)
+    t = _rt.tensor(np.zeros(tuple(shape), dtype=dt), dtype=dt, device="cpu" if device is None else device)
+    return Parameter(t)
+
+
+def _pair(x: Any) -> tuple[int, int]:
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"expected an int or a pair, got {x!r}")
+        return int(x[0]), int(x[1])
+    return int(x), int(x)
+
+
+# ---- containers --------------------------------------------------------------------------------
+
+
+class Sequential(Module):
+    """Modules applied one after another: ``Sequential(m1, m2, ...)`` or ``Sequential(OrderedDict)``."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__()
+        if len(args) == 1 and isinstance(args[0], OrderedDict):
+            for name, m in args[0].items():
+                self.add_module(name, m)
+        else:
+            for i, m in enumerate(args):
+                self.add_module(str(i), m)
+
+    def forward(self, input: Any) -> Any:
+        for m in self._modules.values():
+            input = m(input)
+        return input
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, idx: int | slice) -> Any:
+        if isinstance(idx, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[idx]))
+        keys = list(self._modules)
+        n = len(keys)
+        if not -n <= idx < n:
+            raise IndexError(f"index {idx} is out of range")
+        return self._modules[keys[idx % n]]
+
+    def append(self, module: Module) -> Sequential:
+        """Add ``module`` at the end."""
+        self.add_module(str(len(self)), module)
+        return self
+
+
+class ModuleList(Module):
+    """A list of modules whose parameters belong to the owner."""
+
+    def __init__(self, modules: Iterable[Module] | None = None) -> None:
+        super().__init__()
+        if modules is not None:
+            for m in modules:
+                self.append(m)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, idx: int) -> Module:
+        keys = list(self._modules)
+        return self._modules[keys[idx]]  # type: ignore[no-any-return]
+
+    def append(self, module: Module) -> ModuleList:
+        """Add ``module`` at the end."""
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> ModuleList:
+        for m in modules:
+            self.append(m)
+        return self
+
+
+class Identity(Module):
+    """Returns its input."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def forward(self, input: Any) -> Any:
+        return input
+
+
+# ---- linear and convolution --------------------------------------------------------------------
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias``.
+
+    Args:
+        in_features: Size of each input sample.
+        out_features: Size of each output sample.
+        bias: Learn an additive bias (default True).
+        device: Device of the parameters (default ``"cpu"``).
+        dtype: Parameter dtype (default: `asyncgrad.get_default_dtype()`, float32).
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device: Any = None, dtype: Any = None
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = _new_param((out_features, in_features), dtype, device)
+        if bias:
+            self.bias = _new_param((out_features,), dtype, device)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default initialisation."""
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.linear(input, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+class Conv2d(Module):
+    """2-D convolution over ``(N, C_in, H, W)`` inputs (PyTorch's ``Conv2d``, ``padding_mode="zeros"``).
+
+    Args:
+        in_channels: Input channels.
+        out_channels: Output channels.
+        kernel_size: Int or (kh, kw).
+        stride: Int or pair (default 1).
+        padding: Int, pair, ``"valid"`` or ``"same"`` (default 0).
+        dilation: Int or pair (default 1).
+        groups: Blocked connections from input to output channels (default 1).
+        bias: Learn a bias (default True).
+        device: Device of the parameters.
+        dtype: Parameter dtype (default float32).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        if groups <= 0 or in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
+                f"groups ({groups})"
+            )
+        if padding_mode != "zeros":
+            raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
+        if isinstance(padding, str) and padding not in ("valid", "same"):
+            raise ValueError(f"invalid padding string {padding!r}, should be one of 'valid', 'same'")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = padding if isinstance(padding, str) else _pair(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+        self.padding_mode = padding_mode
+        self.weight = _new_param((out_channels, in_channels // groups, *self.kernel_size), dtype, device)
+        if bias:
+            self.bias = _new_param((out_channels,), dtype, device)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default initialisation."""
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
+            if fan_in != 0:
+                bound = 1 / math.sqrt(fan_in)
+                init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding not in ((0, 0), "valid"):
+            s += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        return s
+
+
+class MaxPool2d(Module):
+    """2-D max pooling (``stride`` defaults to ``kernel_size``)."""
+
+    def __init__(
+        self,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] | None = None,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+        self.dilation = dilation
+        self.return_indices = return_indices
+        self.ceil_mode = ceil_mode
+
+    def forward(self, input: Tensor) -> Any:
+        kw: dict[str, Any] = {}
+        if self.dilation != 1:
+            kw["dilation"] = self.dilation
+        if self.ceil_mode:
+            kw["ceil_mode"] = True
+        if self.return_indices:
+            kw["return_indices"] = True
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, **kw)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool2d(Module):
+    """2-D average pooling (``stride`` defaults to ``kernel_size``)."""
+
+    def __init__(
+        self,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] | None = None,
+        padding: int | tuple[int, int] = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+        self.ceil_mode = ceil_mode
+        self.count_include_pad = count_include_pad
+
+    def forward(self, input: Tensor) -> Tensor:
+        kw: dict[str, Any] = {}
+        if self.ceil_mode:
+            kw["ceil_mode"] = True
+        if not self.count_include_pad:
+            kw["count_include_pad"] = False
+        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, **kw)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+# ---- activations -------------------------------------------------------------------------------
+
+
+class ReLU(Module):
+    """``max(x, 0)``."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.relu(input)
+
+
+class Tanh(Module):
+    """Hyperbolic tangent."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.tanh(input)
+
+
+class Sigmoid(Module):
+    """Logistic sigmoid."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.sigmoid(input)
+
+
+class GELU(Module):
+    """Gaussian Error Linear Unit: exact (``approximate="none"``, the default) or ``"tanh"``."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.gelu(input, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class Softmax(Module):
+    """Softmax along ``dim``."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.softmax(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Module):
+    """Log-softmax along ``dim``."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.log_softmax(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+# ---- regularisation, normalisation, lookup, reshaping ------------------------------------------
+
+
+class Dropout(Module):
+    """Zero elements with probability ``p`` in training and scale the rest by ``1/(1-p)``; identity in eval.
+
+    Args:
+        p: Probability of an element being zeroed.
+        inplace: Accepted for compatibility (the result is always a new tensor).
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = p
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return input
+        return F.dropout(input, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"
+
+
+class LayerNorm(Module):
+    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift.
+
+    Args:
+        normalized_shape: Int or shape of the trailing dims.
+        eps: Added to the variance.
+        elementwise_affine: Learn a per-element weight (init 1) and bias (init 0).
+        bias: Learn the bias (when ``elementwise_affine``).
+        device: Device of the parameters.
+        dtype: Parameter dtype.
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = (
+            (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        )
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = _new_param(self.normalized_shape, dtype, device)
+            if bias:
+                self.bias = _new_param(self.normalized_shape, dtype, device)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class Embedding(Module):
+    """A lookup table of ``num_embeddings`` vectors of size ``embedding_dim`` (init N(0, 1)).
+
+    Args:
+        num_embeddings: Size of the table.
+        embedding_dim: Size of each vector.
+        padding_idx: Row that is initialised to zeros and receives no gradient.
+        device: Device of the parameter.
+        dtype: Parameter dtype.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError("padding_idx must be within num_embeddings")
+            padding_idx %= num_embeddings
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        self.weight = _new_param((num_embeddings, embedding_dim), dtype, device)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        vals = _rt.default_generator().normal(0.0, 1.0, size=self.weight.shape)
+        if self.padding_idx is not None:
+            vals[self.padding_idx] = 0
+        self.weight.copy_(vals.astype(self.weight.dtype))
+
+    def forward(self, input: Any) -> Tensor:
+        return F.embedding(input, self.weight, self.padding_idx)
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        return s
+
+
+class Flatten(Module):
+    """Flatten dims ``start_dim`` .. ``end_dim`` into one (default: all but the batch dim)."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        super().__init__()
+        self.start_dim = start_dim
+        self.end_dim = end_dim
+
+    def forward(self, input: Tensor) -> Tensor:
+        return _rt.flatten(input, self.start_dim, self.end_dim)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

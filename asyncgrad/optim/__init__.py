@@ -1,0 +1,19 @@
+"""Optimizers with PyTorch's names and exact update formulas: `SGD`, `Adam`, `AdamW`.
+
+``step()`` queues one fused in-place kernel per parameter on the calling task's stream, after the
+backward that produced the gradients; parameters keep their memory layout.
+
+Example::
+
+    opt = ag.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss = loss_fn(model(x), y)
+    await loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+from ._adam import Adam, AdamW
+from ._optimizer import Optimizer
+from ._sgd import SGD
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer"]

@@ -1,0 +1,166 @@
+"""Adam and AdamW (PyTorch's exact formulas, optional AMSGrad)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ..runtime import Tensor
+from ._optimizer import Optimizer, fused_update, state_like
+
+__all__ = ["Adam", "AdamW"]
+
+
+def _lerp_(a: np.ndarray, b: np.ndarray, w: float) -> None:
+    """``a = a + w * (b - a)`` in place, evaluated like PyTorch's CPU ``lerp_``."""
+    if w < 0.5:
+        a += w * (b - a)
+    else:
+        np.subtract(b, (b - a) * (1.0 - w), out=a)
+
+
+class Adam(Optimizer):
+    """Adam (``torch.optim.Adam``), with L2 ``weight_decay`` added to the gradient.
+
+    For each parameter, at step ``t``::
+
+        g = -g if maximize;  g = g + weight_decay * p  (if weight_decay)
+        m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
+        v_hat = max(v_hat, v) if amsgrad else v
+        p = p - (lr / (1 - beta1^t)) * m / (sqrt(v_hat) / sqrt(1 - beta2^t) + eps)
+
+    One fused in-place kernel per parameter per step, on the calling task's stream; the moment
+    estimates have the parameter's memory layout.
+
+    Args:
+        params: Parameters or parameter groups.
+        lr: Learning rate.
+        betas: Coefficients of the running averages of the gradient and its square.
+        eps: Added to the denominator.
+        weight_decay: L2 penalty (coupled, added to the gradient).
+        amsgrad: Use the AMSGrad variant.
+        maximize: Maximize the objective.
+    """
+
+    _decoupled = False
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
+        }
+        super().__init__(params, defaults)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        b1, b2 = group["betas"]
+        if group["lr"] < 0.0:
+            raise ValueError(f"Invalid learning rate: {group['lr']}")
+        if group["eps"] < 0.0:
+            raise ValueError(f"Invalid epsilon value: {group['eps']}")
+        if not 0.0 <= b1 < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {b1}")
+        if not 0.0 <= b2 < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {b2}")
+        if group["weight_decay"] < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
+
+    def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        lr = float(group["lr"])
+        beta1, beta2 = (float(b) for b in group["betas"])
+        eps = float(group["eps"])
+        wd = float(group["weight_decay"])
+        amsgrad = bool(group["amsgrad"])
+        maximize = bool(group["maximize"])
+        decoupled = self._decoupled
+        first = "step" not in state
+        if first:
+            state["step"] = 0
+            state["exp_avg"] = state_like(p)
+            state["exp_avg_sq"] = state_like(p)
+            if amsgrad:
+                state["max_exp_avg_sq"] = state_like(p)
+        elif amsgrad and state.get("max_exp_avg_sq") is None:
+            state["max_exp_avg_sq"] = state_like(p)
+            state["max_exp_avg_sq"].zero_()
+        state["step"] += 1
+        step = state["step"]
+        bias_correction1 = 1.0 - beta1**step
+        bias_correction2 = 1.0 - beta2**step
+        step_size = lr / bias_correction1
+        bc2_sqrt = math.sqrt(bias_correction2)
+        others: list[Tensor] = [g, state["exp_avg"], state["exp_avg_sq"]]
+        if amsgrad:
+            others.append(state["max_exp_avg_sq"])
+
+        def kernel(pa: np.ndarray, ga: np.ndarray, m: np.ndarray, v: np.ndarray, vmax: Any = None) -> None:
+            if first:
+                m.fill(0)
+                v.fill(0)
+                if vmax is not None:
+                    vmax.fill(0)
+            d = -ga if maximize else ga
+            if wd != 0.0:
+                if decoupled:
+                    pa *= 1.0 - lr * wd
+                else:
+                    d = d + wd * pa
+            _lerp_(m, d, 1.0 - beta1)
+            v *= beta2
+            v += (1.0 - beta2) * (d * d)
+            if vmax is not None:
+                np.maximum(vmax, v, out=vmax)
+                denom = np.sqrt(vmax)
+            else:
+                denom = np.sqrt(v)
+            denom /= bc2_sqrt
+            denom += eps
+            pa -= step_size * (m / denom)
+
+        fused_update(p, kernel, *others)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (``torch.optim.AdamW``): ``p = p * (1 - lr * weight_decay)``
+    before the Adam update, instead of adding ``weight_decay * p`` to the gradient.
+
+    Args:
+        params: Parameters or parameter groups.
+        lr: Learning rate.
+        betas: Coefficients of the running averages.
+        eps: Added to the denominator.
+        weight_decay: Decoupled weight decay (default 1e-2).
+        amsgrad: Use the AMSGrad variant.
+        maximize: Maximize the objective.
+    """
+
+    _decoupled = True
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)

@@ -1,0 +1,109 @@
+"""Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ..runtime import Tensor
+from ._optimizer import Optimizer, fused_update, required, state_like
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    """SGD with PyTorch's exact update (``torch.optim.SGD``).
+
+    For each parameter ``p`` with gradient ``g``::
+
+        g = -g if maximize
+        g = g + weight_decay * p                      if weight_decay != 0
+        b = g (first step) | momentum * b + (1 - dampening) * g    if momentum != 0
+        g = g + momentum * b if nesterov else b       if momentum != 0
+        p = p - lr * g
+
+    Each parameter is updated by one fused in-place kernel on the calling task's stream.
+
+    Args:
+        params: Parameters or parameter groups.
+        lr: Learning rate (default 1e-3, as in PyTorch 2).
+        momentum: Momentum factor.
+        dampening: Dampening of the momentum.
+        weight_decay: L2 penalty.
+        nesterov: Use Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).
+        maximize: Maximize the objective instead of minimizing it.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        if lr is not required and lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "dampening": dampening,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "maximize": maximize,
+        }
+        super().__init__(params, defaults)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        if group["lr"] < 0.0:
+            raise ValueError(f"Invalid learning rate: {group['lr']}")
+        if group["momentum"] < 0.0:
+            raise ValueError(f"Invalid momentum value: {group['momentum']}")
+        if group["weight_decay"] < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        lr = float(group["lr"])
+        momentum = float(group["momentum"])
+        dampening = float(group["dampening"])
+        wd = float(group["weight_decay"])
+        nesterov = bool(group["nesterov"])
+        maximize = bool(group["maximize"])
+        if momentum == 0.0:
+
+            def plain(pa: np.ndarray, ga: np.ndarray) -> None:
+                d = -ga if maximize else ga
+                if wd != 0.0:
+                    d = d + wd * pa
+                pa -= lr * d
+
+            fused_update(p, plain, g)
+            return
+        buf = state.get("momentum_buffer")
+        first = buf is None
+        if first:
+            buf = state["momentum_buffer"] = state_like(p)
+
+        def with_momentum(pa: np.ndarray, ga: np.ndarray, ba: np.ndarray) -> None:
+            d = -ga if maximize else ga
+            if wd != 0.0:
+                d = d + wd * pa
+            if first:
+                np.copyto(ba, d)
+            else:
+                ba *= momentum
+                if dampening == 0.0:
+                    ba += d
+                else:
+                    ba += (1.0 - dampening) * d
+            d = d + momentum * ba if nesterov else ba
+            pa -= lr * d
+
+        fused_update(p, with_momentum, g, buf)

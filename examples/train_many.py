@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Train a population of models at once, in ONE asyncgrad runtime, on the handwritten digits.
+
+Sixteen trainings (MLPs and small CNNs of different widths, optimizers and learning rates) run as
+concurrent trio tasks in one nursery. Each task runs its forward, ``await loss.backward()`` and
+``opt.step()``; kernels run on the runtime's worker lanes while the event loop switches between the
+trainings and redraws one progress bar per training. At the end the script prints a table of test
+accuracies and the wall time, and saves the loss curves as a PNG.
+
+The data is scikit-learn's ``load_digits()`` (1797 8x8 images, shipped inside scikit-learn: no
+network needed).
+
+Usage::
+
+    python3 examples/train_many.py                 # the full population (well under 2 minutes on 2 cores)
+    python3 examples/train_many.py --quick         # a few seconds: 4 small trainings, 2 epochs
+    python3 examples/train_many.py --no-progress --out out/curves.png
+    python3 examples/train_many.py --sequential    # the same trainings one after another, to compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import trio
+
+import asyncgrad as ag
+from asyncgrad import nn, optim
+from asyncgrad.nn import functional as F
+
+
+@dataclass
+class Config:
+    """One member of the population."""
+
+    name: str
+    kind: str  # "mlp" or "cnn"
+    width: int
+    opt: str  # "sgd", "adam" or "adamw"
+    lr: float
+    epochs: int
+    batch: int = 32
+    act: str = "relu"
+    depth: int = 1
+    dropout: float = 0.0
+
+
+@dataclass
+class Result:
+    """What one training produced."""
+
+    cfg: Config
+    params: int = 0
+    step_losses: list[float] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)
+    test_acc: float = float("nan")
+    seconds: float = 0.0
+
+
+def population(quick: bool) -> list[Config]:
+    """The trainings to run: MLPs and CNNs of several widths, optimizers and learning rates."""
+    if quick:
+        return [
+            Config("mlp-32-sgd", "mlp", 32, "sgd", 0.1, epochs=2),
+            Config("mlp-64-adam", "mlp", 64, "adam", 3e-3, epochs=2),
+            Config("cnn-4-sgd", "cnn", 4, "sgd", 0.05, epochs=2),
+            Config("cnn-8-adam", "cnn", 8, "adam", 3e-3, epochs=2),
+        ]
+    e = 12
+    return [
+        Config("mlp-32-sgd", "mlp", 32, "sgd", 0.1, epochs=e),
+        Config("mlp-64-sgd", "mlp", 64, "sgd", 0.05, epochs=e),
+        Config("mlp-128-sgd", "mlp", 128, "sgd", 0.1, epochs=e),
+        Config("mlp-256-sgd-slow", "mlp", 256, "sgd", 0.002, epochs=e),
+        Config("mlp-64-adam", "mlp", 64, "adam", 3e-3, epochs=e),
+        Config("mlp-128-adam", "mlp", 128, "adam", 1e-3, epochs=e),
+        Config("mlp-256-adamw", "mlp", 256, "adamw", 1e-3, epochs=e),
+        Config("mlp-128x2-adam", "mlp", 128, "adam", 1e-3, epochs=e, depth=2),
+        Config("mlp-64-tanh-sgd", "mlp", 64, "sgd", 0.1, epochs=e, act="tanh"),
+        Config("mlp-128-gelu-adam", "mlp", 128, "adam", 2e-3, epochs=e, act="gelu", dropout=0.1),
+        Config("cnn-4-sgd", "cnn", 4, "sgd", 0.05, epochs=e),
+        Config("cnn-8-sgd", "cnn", 8, "sgd", 0.1, epochs=e),
+        Config("cnn-8-adam", "cnn", 8, "adam", 3e-3, epochs=e),
+        Config("cnn-16-adam", "cnn", 16, "adam", 2e-3, epochs=e),
+        Config("cnn-16-adamw", "cnn", 16, "adamw", 1e-3, epochs=e),
+        Config("cnn-32-adam-drop", "cnn", 32, "adam", 1e-3, epochs=e, dropout=0.2),
+    ]
+
+
+def _act(name: str) -> nn.Module:
+    return {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}[name]()
+
+
+def build(cfg: Config) -> nn.Module:
+    """The model of one configuration (inputs: (N, 64) for MLPs, (N, 1, 8, 8) for CNNs)."""
+    if cfg.kind == "mlp":
+        layers: list[nn.Module] = []
+        fan_in = 64
+        for _ in range(cfg.depth):
+            layers += [nn.Linear(fan_in, cfg.width), _act(cfg.act)]
+            if cfg.dropout:
+                layers.append(nn.Dropout(cfg.dropout))
+            fan_in = cfg.width
+        layers.append(nn.Linear(fan_in, 10))
+        return nn.Sequential(*layers)
+    c = cfg.width
+    layers = [
+        nn.Conv2d(1, c, 3, padding=1),
+        _act(cfg.act),
+        nn.MaxPool2d(2),  # 8x8 -> 4x4
+        nn.Conv2d(c, 2 * c, 3, padding=1),
+        _act(cfg.act),
+        nn.MaxPool2d(2),  # 4x4 -> 2x2
+        nn.Flatten(),
+    ]
+    if cfg.dropout:
+        layers.append(nn.Dropout(cfg.dropout))
+    layers.append(nn.Linear(2 * c * 4, 10))
+    return nn.Sequential(*layers)
+
+
+def make_optimizer(cfg: Config, model: nn.Module) -> optim.Optimizer:
+    if cfg.opt == "sgd":
+        return optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    if cfg.opt == "adam":
+        return optim.Adam(model.parameters(), lr=cfg.lr)
+    return optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-2)
+
+
+def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Digits scaled to [0, 1], split 80/20 (stratified, fixed seed)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    X = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int64)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, random_state=seed, stratify=y)
+    return Xtr, Xte, ytr, yte
+
+
+def _shape_input(cfg: Config, X: np.ndarray) -> np.ndarray:
+    return X.reshape(-1, 1, 8, 8) if cfg.kind == "cnn" else X
+
+
+class _Bars:
+    """One tqdm bar per training (position=i), or plain log lines when bars are off."""
+
+    def __init__(self, cfgs: list[Config], steps: list[int], enabled: bool) -> None:
+        self.enabled = enabled
+        self.bars: list[Any] = []
+        if enabled:
+            from tqdm import tqdm
+
+            w = max(len(c.name) for c in cfgs)
+            self.bars = [
+                tqdm(
+                    total=n,
+                    position=i,
+                    desc=c.name.ljust(w),
+                    leave=True,
+                    mininterval=0.2,
+                    dynamic_ncols=True,
+                    bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {elapsed} {postfix}",
+                )
+                for i, (c, n) in enumerate(zip(cfgs, steps))
+            ]
+
+    def update(self, i: int, n: int = 1) -> None:
+        if self.enabled:
+            self.bars[i].update(n)
+
+    def epoch(self, i: int, epoch: int, loss: float) -> None:
+        if self.enabled:
+            self.bars[i].set_postfix(epoch=epoch, loss=f"{loss:.4f}", refresh=False)
+
+    def done(self, i: int, r: Result, k: int, n: int) -> None:
+        if self.enabled:
+            self.bars[i].set_postfix(acc=f"{100 * r.test_acc:.1f}%", time=f"{r.seconds:.1f}s")
+        else:
+            print(
+                f"[{k:2d}/{n}] {r.cfg.name:<20} test accuracy {100 * r.test_acc:5.1f}%  ({r.seconds:.1f} s)",
+                flush=True,
+            )
+
+    def close(self) -> None:
+        for b in self.bars:
+            b.close()
+
+
+async def evaluate(model: nn.Module, cfg: Config, X: np.ndarray, y: np.ndarray) -> float:
+    """Test accuracy (eval mode, no graph)."""
+    model.eval()
+    with ag.no_grad():
+        logits = model(ag.tensor(_shape_input(cfg, X)))
+    await logits.ready()  # wait without blocking the loop, then read
+    model.train()
+    return float((logits.numpy().argmax(axis=1) == y).mean())
+
+
+async def train_one(
+    i: int,
+    cfg: Config,
+    model: nn.Module,
+    data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    bars: _Bars,
+    results: list[Result],
+    seed: int,
+) -> None:
+    """One training: a plain training loop, written with ``await`` where it waits."""
+    Xtr, Xte, ytr, yte = data
+    Xin = _shape_input(cfg, Xtr)
+    opt = make_optimizer(cfg, model)
+    rng = np.random.default_rng(seed + i)
+    res = results[i]
+    res.params = sum(p.numel() for p in model.parameters())
+    t0 = time.perf_counter()
+    n = len(Xtr)
+    for epoch in range(cfg.epochs):
+        order = rng.permutation(n)
+        losses = []
+        for s in range(0, n, cfg.batch):
+            idx = order[s : s + cfg.batch]
+            x = ag.tensor(Xin[idx])
+            loss = F.cross_entropy(model(x), ytr[idx])
+            await loss.backward()  # the loop serves the other trainings while this one's kernels run
+            opt.step()  # queues one fused in-place kernel per parameter, after the backward
+            opt.zero_grad()
+            losses.append(loss.detach())
+            bars.update(i)
+        await losses[-1].ready()  # read the epoch's losses once, without blocking the loop
+        vals = [t.item() for t in losses]
+        res.step_losses += vals
+        res.epoch_losses.append(float(np.mean(vals)))
+        bars.epoch(i, epoch + 1, res.epoch_losses[-1])
+    res.test_acc = await evaluate(model, cfg, Xte, yte)
+    res.seconds = time.perf_counter() - t0
+
+
+def print_table(results: list[Result], wall: float, mode: str) -> None:
+    head = (
+        f"{'model':<20} {'params':>7} {'optim':>6} {'lr':>7} {'epochs':>6} "
+        f"{'final loss':>10} {'test acc':>8} {'time':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        c = r.cfg
+        fl = r.epoch_losses[-1] if r.epoch_losses else float("nan")
+        print(
+            f"{c.name:<20} {r.params:>7d} {c.opt:>6} {c.lr:>7.3g} {c.epochs:>6d} {fl:>10.4f} "
+            f"{100 * r.test_acc:>7.1f}% {r.seconds:>6.1f}s"
+        )
+    print("-" * len(head))
+    best = max(results, key=lambda r: r.test_acc)
+    print(f"{len(results)} trainings ({mode}) in one runtime: wall time {wall:.1f} s")
+    print(f"best: {best.cfg.name} with {100 * best.test_acc:.1f}% test accuracy")
+
+
+def plot(results: list[Result], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2, 1]})
+    cmap = plt.get_cmap("tab20")
+    for k, r in enumerate(results):
+        if not r.step_losses:
+            continue
+        y = np.asarray(r.step_losses)
+        w = max(1, len(y) // 60)
+        smooth = np.convolve(y, np.ones(w) / w, mode="valid")
+        steps_per_epoch = len(y) / max(1, r.cfg.epochs)
+        xs = (np.arange(len(smooth)) + w - 1) / steps_per_epoch
+        style = "-" if r.cfg.kind == "mlp" else "--"
+        ax1.plot(xs, smooth, style, color=cmap(k % 20), lw=1.4, label=r.cfg.name)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("training loss (cross entropy, moving average)")
+    ax1.set_title("loss curves (solid: MLPs, dashed: CNNs)")
+    ax1.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=7, ncol=2)
+    names = [r.cfg.name for r in results]
+    accs = [100 * r.test_acc for r in results]
+    ax2.barh(names, accs, color=[cmap(k % 20) for k in range(len(results))])
+    ax2.set_xlim(min(80.0, min(accs) - 2) if accs else 80.0, 100)
+    ax2.axvline(95, color="k", lw=0.8, ls=":")
+    ax2.set_xlabel("test accuracy (%)")
+    ax2.invert_yaxis()
+    ax2.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+async def main(args: argparse.Namespace) -> list[Result]:
+    cfgs = population(args.quick)
+    if not hasattr(ag, "conv2d"):  # an asyncgrad build without convolutions: train the MLPs only
+        print("note: this asyncgrad has no conv2d op; training the MLPs only", file=sys.stderr)
+        cfgs = [c for c in cfgs if c.kind != "cnn"]
+    data = load_data(args.seed)
+    ag.manual_seed(args.seed)
+    models = [build(c) for c in cfgs]  # built in order from the seeded generator: reproducible inits
+    steps = [c.epochs * -(-len(data[0]) // c.batch) for c in cfgs]
+    progress = not args.no_progress and sys.stdout.isatty() and sys.stderr.isatty()
+    bars = _Bars(cfgs, steps, progress)
+    results = [Result(c) for c in cfgs]
+    finished = 0
+
+    async def run(i: int) -> None:
+        nonlocal finished
+        await train_one(i, cfgs[i], models[i], data, bars, results, args.seed)
+        finished += 1
+        bars.done(i, results[i], finished, len(cfgs))
+
+    try:
+        if args.sequential:
+            for i in range(len(cfgs)):
+                await run(i)
+        else:
+            async with trio.open_nursery() as nursery:
+                for i in range(len(cfgs)):
+                    nursery.start_soon(run, i)
+    finally:
+        bars.close()
+    return results
+
+
+def cli(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="a few-second run: 4 small trainings, 2 epochs")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (also off when not on a terminal)"
+    )
+    p.add_argument(
+        "--out", default=os.path.join("out", "loss_curves.png"), help="where to save the loss-curve PNG"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the data split, initialisations and shuffling"
+    )
+    p.add_argument(
+        "--sequential", action="store_true", help="run the trainings one after another (to compare)"
+    )
+    p.add_argument("--lanes", type=int, default=None, help="worker lanes of the CPU device (default: cores)")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    opts = {} if args.lanes is None else {"lanes": args.lanes}
+    results = ag.run(main, args, **opts)
+    wall = time.perf_counter() - t0
+    print()
+    print_table(results, wall, "one after another" if args.sequential else "concurrently")
+    plot(results, args.out)
+    print(f"loss curves saved to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
