@@ -1,0 +1,326 @@
+"""W3 many-trainings: 32 independent trainings (MLP 64-256-256-10, batch 64, float32, 40 SGD steps each)
+run with P = 1, 2, 4, 8, 16, 32 at once. Figures: total seconds and speedup vs P=1, per contender.
+
+Contenders:
+- asyncgrad tasks: P worker tasks in ONE runtime (default lanes) pulling trainings from a shared list;
+- asyncgrad threads: P OS threads, each calling ``ag.run(...)`` (its own runtime) and pulling trainings
+  from a shared queue;
+- torch: a ThreadPoolExecutor(P) over the trainings, with the default intra-op threads and with 1;
+- numpy by hand (the floor) on a ThreadPoolExecutor(P): what plain threads over numpy give.
+Every training uses the same pre-generated data and start; training 0's final parameters are compared
+with the floor's before timing.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from _common import Failed, fmt, have, median, say, table
+
+T, STEPS, B, D, H, C = 32, 40, 64, 64, 256, 10
+LR = 0.01
+
+
+def make_data(seed: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    r = np.random.default_rng(seed)
+    x = r.standard_normal((B, D), dtype=np.float32)
+    y = r.integers(0, C, B)
+    P = [r.standard_normal(s, dtype=np.float32) * 0.05 for s in [(D, H), (H,), (H, H), (H,), (H, C), (C,)]]
+    return x, y, P
+
+
+DATA: list[Any] = []
+
+
+def data(i: int) -> Any:
+    while len(DATA) <= i:
+        DATA.append(make_data(len(DATA)))
+    return DATA[i]
+
+
+# ---- one training per contender -------------------------------------------------------------------
+
+
+def numpy_training(i: int) -> list[np.ndarray]:
+    X, Y, P0 = data(i)
+    W1, b1, W2, b2, W3, b3 = P = [p.copy() for p in P0]
+    ar = np.arange(B)
+    for _ in range(STEPS):
+        h1p = X @ W1 + b1
+        h1 = np.maximum(h1p, 0)
+        h2p = h1 @ W2 + b2
+        h2 = np.maximum(h2p, 0)
+        z = h2 @ W3 + b3
+        z = z - z.max(1, keepdims=True)
+        e = np.exp(z)
+        g = e / e.sum(1, keepdims=True)
+        g[ar, Y] -= 1
+        g /= B
+        gW3 = h2.T @ g
+        gb3 = g.sum(0)
+        gh2 = g @ W3.T
+        gh2[h2p <= 0] = 0
+        gW2 = h1.T @ gh2
+        gb2 = gh2.sum(0)
+        gh1 = gh2 @ W2.T
+        gh1[h1p <= 0] = 0
+        gW1 = X.T @ gh1
+        gb1 = gh1.sum(0)
+        for p_, g_ in zip(P, [gW1, gb1, gW2, gb2, gW3, gb3]):
+            p_ -= LR * g_
+    return P
+
+
+def torch_training(i: int) -> list[np.ndarray]:
+    import torch
+
+    X, Y, P0 = data(i)
+    x, y = torch.tensor(X), torch.tensor(Y)
+    P = [torch.tensor(p, requires_grad=True) for p in P0]
+    for _ in range(STEPS):
+        W1, b1, W2, b2, W3, b3 = P
+        h = torch.relu(x @ W1 + b1)
+        h = torch.relu(h @ W2 + b2)
+        z = h @ W3 + b3
+        torch.nn.functional.cross_entropy(z, y).backward()
+        with torch.no_grad():
+            for p in P:
+                p -= LR * p.grad
+                p.grad = None
+    return [p.detach().numpy() for p in P]
+
+
+async def ag_training(i: int, loss_fn: Any) -> Any:
+    import asyncgrad as ag
+
+    X, Y, P0 = data(i)
+    x, y, idx = ag.tensor(X), ag.tensor(Y), ag.arange(B)
+    P = [ag.tensor(p, requires_grad=True) for p in P0]
+    for _ in range(STEPS):
+        W1, b1, W2, b2, W3, b3 = P
+        h = ag.relu(x @ W1 + b1)
+        h = ag.relu(h @ W2 + b2)
+        z = h @ W3 + b3
+        loss = loss_fn(z, y, idx)
+        await loss.backward()
+        with ag.no_grad():
+            for p in P:
+                p -= LR * p.grad
+                p.grad = None
+    for p in P:
+        await p.ready()
+    return P
+
+
+def _loss_fn() -> Any:
+    from w1_mlp_step import ag_loss_fn
+
+    return ag_loss_fn()[0]
+
+
+# ---- P at once ------------------------------------------------------------------------------------
+
+
+def run_ag_tasks(P: int, n: int) -> float:
+    """P worker tasks in one runtime pull trainings from a shared list; seconds for all ``n``."""
+    import trio
+
+    import asyncgrad as ag
+
+    loss_fn = _loss_fn()
+
+    async def main() -> float:
+        async with ag.open_runtime():
+            todo = list(range(n))
+
+            async def worker() -> None:
+                while todo:
+                    await ag_training(todo.pop(), loss_fn)
+
+            t = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for _ in range(P):
+                    nursery.start_soon(worker)
+            return time.perf_counter() - t
+
+    return trio.run(main)  # type: ignore[no-any-return]
+
+
+def run_ag_threads(P: int, n: int) -> float:
+    """P OS threads, each `ag.run(...)` (its own runtime), pull trainings from a shared queue."""
+    import asyncgrad as ag
+
+    loss_fn = _loss_fn()
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in range(n):
+        todo.put(i)
+    errors: list[BaseException] = []
+
+    async def worker() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            await ag_training(i, loss_fn)
+
+    def thread_main() -> None:
+        try:
+            ag.run(worker)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=thread_main) for _ in range(P)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    dt = time.perf_counter() - t
+    if errors:
+        raise errors[0]
+    return dt
+
+
+def run_pool(fn: Any, P: int, n: int) -> float:
+    t = time.perf_counter()
+    with ThreadPoolExecutor(P) as ex:
+        list(ex.map(fn, range(n)))
+    return time.perf_counter() - t
+
+
+def run_torch(P: int, n: int, intra: int | None) -> float:
+    import torch
+
+    prev = torch.get_num_threads()
+    if intra is not None:
+        torch.set_num_threads(intra)
+    try:
+        return run_pool(torch_training, P, n)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def ag_check() -> list[np.ndarray]:
+    import trio
+
+    import asyncgrad as ag
+
+    loss_fn = _loss_fn()
+
+    async def main() -> list[np.ndarray]:
+        async with ag.open_runtime():
+            P = await ag_training(0, loss_fn)
+            return [p.numpy().copy() for p in P]
+
+    return trio.run(main)  # type: ignore[no-any-return]
+
+
+# ---- the workload ---------------------------------------------------------------------------------
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    from _common import interleave
+
+    n = T
+    Ps = [1, 2, 8] if quick else [1, 2, 4, 8, 16, 32]
+    rounds = 1 if quick else 3
+    cores = os.cpu_count() or 1
+    say(f"W3 many-trainings: {n} trainings x MLP {D}-{H}-{H}-{C}, batch {B}, float32, {STEPS} SGD steps; "
+        f"P={Ps}; {rounds} interleaved round(s)")
+    for i in range(n):
+        data(i)
+
+    runners: dict[str, Any] = {
+        "asyncgrad tasks": run_ag_tasks,
+        "asyncgrad threads": run_ag_threads,
+    }
+    torch_threads = None
+    if have("torch"):
+        import torch
+
+        torch_threads = torch.get_num_threads()
+        runners[f"torch threads (intra-op {torch_threads})"] = lambda P, n: run_torch(P, n, None)
+        runners["torch threads (intra-op 1)"] = lambda P, n: run_torch(P, n, 1)
+    else:
+        say("  torch: not installed, skipped (pip install torch==2.13.0)")
+    runners["numpy threads (floor)"] = lambda P, n: run_pool(numpy_training, P, n)
+
+    say("  checking training 0 against the floor...")
+    ref = numpy_training(0)
+    checks = {}
+    check_fns: list[tuple[str, Any]] = [("asyncgrad", ag_check)]
+    if torch_threads is not None:
+        check_fns.append(("torch", lambda: torch_training(0)))
+    for name, fn in check_fns:
+        try:
+            err = max(float(np.max(np.abs(a - b))) for a, b in zip(fn(), ref))
+            checks[name] = f"max |param - floor| = {err:.1e}" + ("" if err < 1e-4 else "  << DIFFERS")
+        except Exception as e:
+            checks[name] = str(Failed(e))
+        say(f"    {name}: {checks[name]}")
+
+    # one contender = (runner, P); interleave all of them, round after round
+    # numpy threads oversubscribe BLAS (P threads x default BLAS threads) and take long: the floor runs at
+    # P=1, 2, 8 only (--quick: P=1 only)
+    floor_Ps = [1] if quick else [1, 2, 8]
+    contenders = {
+        f"{name}|{P}": (lambda fn=fn, P=P: fn(P, n))
+        for name, fn in runners.items()
+        for P in Ps
+        if not (name.startswith("numpy") and P not in floor_Ps)
+    }
+    say(f"  timing {len(contenders)} (contender, P) runs per round...")
+    res = interleave(contenders, rounds, pause=0.1, log=say, budget_s=12.0)
+
+    out: dict[str, Any] = {"trainings": n, "P": Ps, "rounds": rounds, "checks": checks, "contenders": {}}
+    rows = []
+    floor1 = res.get(f"numpy threads (floor)|{Ps[0]}")
+    floor1_med = median(floor1) if isinstance(floor1, list) and floor1 else float("nan")
+    for name in runners:
+        cells = [name]
+        rec: dict[str, Any] = {}
+        base = res[f"{name}|1"]
+        base_med = median(base) if isinstance(base, list) and base else float("nan")
+        fails = []
+        for P in Ps:
+            r = res.get(f"{name}|{P}")
+            if r is None:
+                cells.append("-")
+                continue
+            if isinstance(r, Failed):
+                cells.append("FAIL")
+                fails.append(f"P={P}: {r}")
+                rec[P] = {"error": str(r)}
+                continue
+            med = median(r)
+            cells.append(f"{med:.2f}s {base_med / med:.2f}x")
+            rec[P] = {"seconds": r, "median": med, "speedup_vs_P1": base_med / med,
+                      "throughput_vs_floor_P1": floor1_med / med}
+        cells.append(fmt(floor1_med / base_med) + "x")
+        meds = [v["median"] for v in rec.values() if "median" in v]
+        cells.append(fmt(floor1_med / min(meds)) + "x" if meds else "-")
+        rows.append(cells)
+        out["contenders"][name] = rec
+        for f in fails[:1]:
+            rows.append([f"  {name}: FAILED {f}"])
+    say()
+    say("  (a run that took over 12 s in all gets no further rounds: its cell is then one measurement)")
+    say(f"  each cell: median total seconds, speedup vs the same contender at P=1 ({cores} cores);")
+    say("  last columns: throughput at P=1 and at its best P, relative to the numpy floor at P=1")
+    hdr = ["contender"] + [f"P={P}" for P in Ps] + ["P=1 /floor", "best /floor"]
+    say(table(hdr, [r if len(r) > 1 else r + [""] * (len(hdr) - 1) for r in rows]))
+    at = out["contenders"].get("asyncgrad tasks", {})
+    sp = [at[P]["speedup_vs_P1"] for P in Ps if P in at and "speedup_vs_P1" in at[P]]
+    if sp:
+        s2 = at.get(2, {}).get("speedup_vs_P1", float("nan"))
+        ok = min(sp) >= 1.0 and s2 >= 1.5
+        say(f"  target (asyncgrad tasks): >= 1.0x at every P, >= 1.5x at P=2 -> min {min(sp):.2f}x, "
+            f"P=2 {s2:.2f}x ({'met' if ok else 'NOT met'})")
+    return out

@@ -1,0 +1,203 @@
+"""W5 loop-stall: in one trio loop, a task trains MLP 1024-2048-2048-2048-2048-10 (batch 256, float32) for
+10 steps (forward + backward, gradients accumulating) while a heartbeat task sleeps 1 ms in a loop and
+records how late it wakes. Figures: heartbeat lateness p50/p99/max (ms) while training, training seconds
+with and without the heartbeat (throughput ratio), for asyncgrad (default lanes and lanes=1) and the
+PyTorch anchor (a blocking ``backward()`` in the same kind of loop), side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from _common import Failed, blas_info, fmt, have, median, percentile, say, table
+
+BATCH, STEPS = 256, 10
+SIZES = [(1024, 2048), (2048, 2048), (2048, 2048), (2048, 2048), (2048, 10)]
+TICK = 0.001
+
+
+def arrays() -> tuple[np.ndarray, list[np.ndarray]]:
+    r = np.random.default_rng(0)
+    x = r.standard_normal((BATCH, SIZES[0][0]), dtype=np.float32)
+    Ws = [r.standard_normal(s, dtype=np.float32) * np.float32(1 / np.sqrt(s[0])) for s in SIZES]
+    return x, Ws
+
+
+async def heartbeat(late: list[float], busy: list[float], done: Any) -> None:
+    """Sleep 1 ms in a loop; record how late each wake-up is, and the loop thread's CPU time meanwhile.
+
+    The CPU time tells a loop kept busy (work on the loop thread: the library's fault) from a loop that
+    waits (for the GIL, or descheduled by the OS because other processes share the cores).
+    """
+    import trio
+
+    while not done.is_set():
+        t, c = time.perf_counter(), time.thread_time()
+        await trio.sleep(TICK)
+        late.append(time.perf_counter() - t - TICK)
+        busy.append(time.thread_time() - c)
+
+
+def torch_model(X: np.ndarray, W0: list[np.ndarray]) -> Any:
+    import torch
+
+    return torch.tensor(X), [torch.tensor(w, requires_grad=True) for w in W0]
+
+
+async def torch_train(steps: int, model: Any) -> float:
+    import trio
+
+    x, Ws = model
+    t = time.perf_counter()
+    for _ in range(steps):
+        h = x
+        for w in Ws[:-1]:
+            h = (h @ w).relu()
+        (h @ Ws[-1]).square().mean().backward()
+        await trio.lowlevel.checkpoint()
+    return time.perf_counter() - t
+
+
+async def ag_model(X: np.ndarray, W0: list[np.ndarray]) -> Any:
+    import asyncgrad as ag
+
+    x = ag.tensor(X)
+    Ws = [ag.tensor(w, requires_grad=True) for w in W0]
+    for w in Ws:
+        await w.ready()
+    return x, Ws
+
+
+async def ag_train(steps: int, model: Any) -> float:
+    import asyncgrad as ag
+
+    x, Ws = model
+    t = time.perf_counter()
+    for _ in range(steps):
+        h = x
+        for w in Ws[:-1]:
+            h = ag.relu(h @ w)
+        z = h @ Ws[-1]
+        await (z * z).mean().backward()
+    for w in Ws:
+        await w.grad.ready()
+    return time.perf_counter() - t
+
+
+def one_run(contender: str, with_heartbeat: bool, steps: int, lanes: int | None = None) -> dict[str, Any]:
+    """One training in a fresh trio loop, with or without the heartbeat beside it.
+
+    The model is built before the heartbeat starts (building copies ~60 MB of weights on the calling
+    thread in both libraries); lateness is recorded only while the training steps run.
+    """
+    import trio
+
+    X, W0 = arrays()
+    late: list[float] = []
+    busy: list[float] = []
+    rec: dict[str, Any] = {}
+
+    async def body(model: Any) -> None:
+        done = trio.Event()
+        train = torch_train if contender == "torch" else ag_train
+
+        async def trainer() -> None:
+            rec["train_s"] = await train(steps, model)
+            done.set()
+
+        async with trio.open_nursery() as n:
+            if with_heartbeat:
+                n.start_soon(heartbeat, late, busy, done)
+            n.start_soon(trainer)
+
+    async def main() -> None:
+        if contender == "torch":
+            await body(torch_model(X, W0))
+            return
+        import asyncgrad as ag
+
+        async with ag.open_runtime(lanes=lanes) as rt:
+            b = blas_info()
+            rec["lanes"], rec["blas_threads"] = rt.lanes, b[0].get("num_threads") if b else None
+            await body(await ag_model(X, W0))
+
+    trio.run(main)
+    rec["late_ms"] = [x * 1e3 for x in late]
+    rec["busy_ms"] = [x * 1e3 for x in busy]
+    return rec
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    from _common import interleave
+
+    steps = 3 if quick else STEPS
+    rounds = 1 if quick else 2
+    say(f"W5 loop-stall: MLP {'-'.join(str(s[0]) for s in SIZES)}-{SIZES[-1][1]}, batch {BATCH}, float32, "
+        f"{steps} steps of fwd+bwd, heartbeat every {TICK * 1e3:.0f} ms; {rounds} interleaved round(s)")
+    kinds: dict[str, dict[str, Any]] = {
+        "asyncgrad (default lanes)": {"contender": "asyncgrad", "lanes": None},
+        "asyncgrad lanes=1": {"contender": "asyncgrad", "lanes": 1},
+    }
+    if have("torch"):
+        kinds["torch backward()"] = {"contender": "torch"}
+    else:
+        say("  torch: not installed, skipped (pip install torch==2.13.0)")
+    contenders = {}
+    for name, kw in kinds.items():
+        for hb in (True, False):
+            contenders[f"{name}|{hb}"] = lambda kw=kw, hb=hb: one_run(with_heartbeat=hb, steps=steps, **kw)
+    say("  warm-up: one untimed step per contender...")
+    for kw in kinds.values():
+        try:
+            one_run(with_heartbeat=False, steps=1, **kw)
+        except Exception:
+            pass  # the timed runs report the failure
+    res = interleave(contenders, rounds, pause=0.3, log=say)
+
+    rows = []
+    out: dict[str, Any] = {"steps": steps, "rounds": rounds, "contenders": {}}
+    for name in kinds:
+        on, off = res[f"{name}|True"], res[f"{name}|False"]
+        if isinstance(on, Failed) or isinstance(off, Failed):
+            err = on if isinstance(on, Failed) else off
+            rows.append([name, str(err)])
+            out["contenders"][name] = {"error": str(err)}
+            continue
+        late = [x for r in on for x in r["late_ms"]]
+        busy = [x for r in on for x in r["busy_ms"]]
+        worst = max(range(len(late)), key=late.__getitem__) if late else None
+        worst_busy = busy[worst] if worst is not None else float("nan")
+        t_on = median([r["train_s"] for r in on])
+        t_off = median([r["train_s"] for r in off])
+        p50, p99, mx = percentile(late, 50), percentile(late, 99), max(late) if late else float("nan")
+        bl = on[0].get("blas_threads")
+        if name.startswith("torch"):
+            import torch
+
+            bl = f"{torch.get_num_threads()}(MKL)"
+        rows.append([name, fmt(p50), fmt(p99), fmt(mx), fmt(worst_busy), str(len(late)), fmt(t_on),
+                     fmt(t_off), fmt(t_off / t_on) + "x", str(bl)])
+        out["contenders"][name] = {"p50_ms": p50, "p99_ms": p99, "max_ms": mx, "ticks": len(late),
+                                   "loop_cpu_ms_in_worst_tick": worst_busy,
+                                   "p99_loop_cpu_ms": percentile(busy, 99),
+                                   "train_s_with_heartbeat": [r["train_s"] for r in on],
+                                   "train_s_without": [r["train_s"] for r in off],
+                                   "throughput_ratio": t_off / t_on, "blas_threads": bl}
+    say()
+    say("  'busy ms': CPU time the loop thread spent during the latest tick (near 'max ms' = the loop was")
+    say("  kept busy; near 0 = it waited: for the GIL, or descheduled because other work shares the cores)")
+    say(table(["contender", "p50 ms", "p99 ms", "max ms", "busy ms", "ticks", "train s (hb)",
+               "train s (no hb)", "thru ratio", "BLAS thr"], rows))
+    a = out["contenders"].get("asyncgrad (default lanes)", {})
+    t = out["contenders"].get("torch backward()", {})
+    if "p99_ms" in a:
+        ok = a["p99_ms"] <= 5 and a["max_ms"] <= 20 and a["throughput_ratio"] >= 0.9
+        say(f"  target (asyncgrad default lanes): p99 <= 5 ms, max <= 20 ms, throughput >= 0.9x -> "
+            f"p99 {a['p99_ms']:.2f}, max {a['max_ms']:.2f}, {a['throughput_ratio']:.2f}x "
+            f"({'met' if ok else 'NOT met'})")
+        if "train_s_without" in t:
+            say(f"  training speed vs torch (no heartbeat): asyncgrad/torch = "
+                f"{median(t['train_s_without']) / median(a['train_s_without']):.2f}x")
+    return out
