@@ -258,6 +258,38 @@ async def test_gelu_values_and_gradients(approximate: str) -> None:
         assert nn.GELU(approximate)(ag.tensor(xs.astype(np.float32))).dtype == np.float32
 
 
+@pytest.mark.parametrize("shape,bias", [((5, 4), True), ((2, 3, 4), True), ((4,), False)])
+async def test_linear_op_gradients_and_double_backward(shape: tuple, bias: bool) -> None:
+    rng = np.random.default_rng(4)
+    x0, w0, b0 = rng.standard_normal(shape), rng.standard_normal((3, 4)), rng.standard_normal(3)
+    wout = rng.standard_normal((*shape[:-1], 3))
+
+    def ref(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> float:
+        return float((((x @ w.T) + (b if bias else 0)) * wout).sum())
+
+    async with ag.open_runtime():
+        x = ag.tensor(x0, requires_grad=True)
+        w = ag.tensor(w0, requires_grad=True)
+        b = ag.tensor(b0, requires_grad=True) if bias else None
+        y = F.linear(x, w, b)
+        assert y.shape == (*shape[:-1], 3)
+        assert np.allclose(y.numpy(), x0 @ w0.T + (b0 if bias else 0))
+        inputs = [x, w] + ([b] if bias else [])
+        grads = await ag.grad((y * ag.tensor(wout)).sum(), inputs, create_graph=True)
+        refs = [
+            _fd_grad(lambda a: ref(a, w0, b0), x0),
+            _fd_grad(lambda a: ref(x0, a, b0), w0),
+            _fd_grad(lambda a: ref(x0, w0, a), b0),
+        ]
+        for g, r in zip(grads, refs):
+            assert np.allclose(g.numpy(), r, rtol=1e-6, atol=1e-8)
+        assert grads[1].numpy().flags.c_contiguous  # the weight's gradient needs no layout copy
+        # second order: d/dw sum(dL/dx * v) = v^T-weighted wout, through the recorded backward
+        v = rng.standard_normal(shape)
+        (gw2,) = await ag.grad((grads[0] * ag.tensor(v)).sum(), [w])
+        assert np.allclose(gw2.numpy(), wout.reshape(-1, 3).T @ v.reshape(-1, 4))
+
+
 async def test_layers_forward_values() -> None:
     async with ag.open_runtime():
         rng = np.random.default_rng(0)

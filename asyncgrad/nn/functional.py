@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import runtime as _rt
-from ..runtime import Tensor
+from ..runtime import OpError, Tensor, apply, defop
 from ..runtime._ops_act import gelu as _gelu_op
 
 __all__ = [
@@ -64,16 +64,53 @@ def _np_target(target: Any) -> np.ndarray:
 # ---- activations and linear --------------------------------------------------------------------
 
 
+def _linear_meta(x: Any, w: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if x.ndim < 1 or w.ndim != 2 or x.shape[-1] != w.shape[1]:
+        raise OpError(
+            f"linear: input of shape {tuple(x.shape)} and weight of shape {tuple(w.shape)} do not fit: "
+            "expected input (*, in_features) and weight (out_features, in_features)"
+        )
+    if b is not None and tuple(b.shape) != (w.shape[0],):
+        raise OpError(f"linear: bias of shape {tuple(b.shape)} must be ({w.shape[0]},)")
+    dt = np.result_type(x.dtype, w.dtype) if b is None else np.result_type(x.dtype, w.dtype, b.dtype)
+    return (*x.shape[:-1], w.shape[0]), dt
+
+
+def _linear_kernel(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    out = np.matmul(x, w.T)
+    if b is not None:
+        out += b
+    return out
+
+
+def _linear_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    x, w, _ = args
+    n_out, n_in = w.shape
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    gx = gw = gb = None
+    g2 = xp.reshape(g, (rows, n_out))
+    if needs[0]:
+        gx = xp.matmul(g, w)
+    if needs[1]:
+        # (out, rows) @ (rows, in): a fresh C-contiguous array, so AccumulateGrad can steal it
+        gw = xp.matmul(xp.swapaxes(g2, 0, 1), xp.reshape(x, (rows, n_in)))
+    if needs[2]:
+        gb = xp.sum(g2, 0)
+    return (gx, gw, gb)
+
+
+OP_LINEAR = defop("linear", _linear_kernel, _linear_meta, _linear_rule)
+
+
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``input @ weight.T + bias``.
+    """``input @ weight.T + bias`` as one op (one kernel forward, one fused rule backward).
 
     Args:
         input: ``(*, in_features)``.
         weight: ``(out_features, in_features)``.
         bias: ``(out_features,)`` or None.
     """
-    out = _rt.matmul(input, weight.T)
-    return out if bias is None else out + bias
+    return apply(OP_LINEAR, (input, weight, bias))
 
 
 def relu(input: Tensor, inplace: bool = False) -> Tensor:
