@@ -160,6 +160,19 @@ async def test_to_double_and_requires_grad() -> None:
         assert not any(p.requires_grad for p in lin.parameters())
 
 
+async def test_to_device_moves_parameters_and_buffers() -> None:
+    async with ag.open_runtime(cpu_devices=2) as rt:
+        net = Block()
+        w = net.fc.weight.numpy().copy()
+        assert net.to("cpu:1") is net
+        assert all(p.device is rt.device("cpu:1") for p in net.parameters())
+        assert net.count.device is rt.device("cpu:1") and isinstance(net.fc.weight, nn.Parameter)
+        assert np.array_equal(net.fc.weight.numpy(), w)
+        loss = net(ag.ones(2, 4).to("cpu:1")).sum()
+        await loss.backward()
+        assert net.fc.weight.grad.device is rt.device("cpu:1")
+
+
 # ---- initialisation ----------------------------------------------------------------------------
 
 
