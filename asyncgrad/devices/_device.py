@@ -169,11 +169,15 @@ class CPUDevice(Device):
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._lanes = [Lane(str(self), i) for i in range(self._lane_count)]
+        cancelled = True
         try:
             await super().run(task_status=task_status)
+            cancelled = False
         finally:
+            # a normal close finishes queued kernels; a cancelled runtime drops them (only the kernel
+            # running now delays the join)
             for lane in self._lanes:
-                lane.stop()
+                lane.stop(discard=cancelled)
             # joining waits for kernels in flight; they are bounded work, so this is prompt
             for lane in self._lanes:
                 lane.join()

@@ -45,6 +45,7 @@ class Lane:
         self.index = index
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.streams_bound = 0
+        self._discard = False  # set on shutdown: queued jobs are skipped, not run
         self._thread = threading.Thread(
             target=self._main, name=f"asyncgrad-{device_name}-lane{index}", daemon=True
         )
@@ -59,15 +60,21 @@ class Lane:
             item = get()
             if item is None:
                 return
-            stream, seq, job = item
-            if stream._error is None:
+            stream, seq, job, marker = item
+            # markers only signal: they run even after a failed kernel and on shutdown, so nobody
+            # waits forever on a stream whose kernels were dropped
+            if marker or (stream._error is None and not self._discard):
                 try:
                     job()
                 except BaseException as exc:  # kept, re-raised where the stream is waited on
-                    stream._error = exc
+                    if not marker:
+                        stream._error = exc
             stream._completed = seq
 
-    def stop(self) -> None:
+    def stop(self, *, discard: bool = False) -> None:
+        """Stop after the queued jobs (or, with ``discard``, after the one running now)."""
+        if discard:
+            self._discard = True
         self._queue.put(None)
 
     def join(self, timeout: float | None = None) -> None:
@@ -98,11 +105,14 @@ class Stream:
     def __repr__(self) -> str:
         return f"<Stream {self.name} lane={self._lane.index} pending={self._submitted - self._completed}>"
 
-    def submit(self, job: Callable[[], None]) -> int:
-        """Queue `job` after all work already on this stream; returns its sequence number."""
+    def submit(self, job: Callable[[], None], *, marker: bool = False) -> int:
+        """Queue `job` after all work already on this stream; returns its sequence number.
+
+        A ``marker`` job only signals (sets an event); it runs even after a failed kernel or on shutdown.
+        """
         seq = self._submitted + 1
         self._submitted = seq
-        self._lane.put((self, seq, job))
+        self._lane.put((self, seq, job, marker))
         return seq
 
     def query(self) -> bool:
@@ -127,7 +137,7 @@ class Stream:
         target = self._submitted if seq is None else seq
         if self._completed < target:
             done = threading.Event()
-            self.submit(done.set)
+            self.submit(done.set, marker=True)
             done.wait()
         self.check_error()
 
@@ -137,7 +147,7 @@ class Stream:
         if self._completed < target:
             done = trio.Event()
             token = trio.lowlevel.current_trio_token()
-            self.submit(lambda: token.run_sync_soon(done.set))
+            self.submit(lambda: token.run_sync_soon(done.set), marker=True)
             try:
                 await done.wait()
             except trio.Cancelled:
@@ -182,7 +192,7 @@ class Event:
         if stream.query():
             self._flag.set()
         else:
-            stream.submit(self._flag.set)
+            stream.submit(self._flag.set, marker=True)
 
     def query(self) -> bool:
         """True when the recorded work has completed (an event never recorded counts as complete)."""

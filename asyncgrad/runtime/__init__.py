@@ -2,7 +2,8 @@
 
 from . import _ops_elementwise, _ops_linalg, _ops_nn, _ops_reduce, _ops_shape  # noqa: F401  (register ops)
 from ._dispatch import OPS, Node, Op, OpError, OpNode, apply, defop
-from ._engine import BackwardError, backward, grad
+from ._apply import BackwardError
+from ._autograd import backward, grad
 from ._factories import (
     arange,
     default_generator,

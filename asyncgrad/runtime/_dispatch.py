@@ -94,6 +94,7 @@ class Node:
     _post_hooks: Any = None
     _tensor_pre_hooks: dict[int, Any] | None = None
     _retained: dict[int, Any] | None = None
+    _busy: Any = None  # a trio.Event while an async backward of this node is running
 
     def _init_node(self, stream: Stream | None) -> None:
         self.stream = stream
@@ -266,7 +267,7 @@ def apply1(op: Op, a: Any) -> Any:
     data = a._data
     if (s is None or s._completed >= a._seq) and data.size <= INLINE_MAX_ELEMENTS:
         out = Tensor._wrap(op.kernel(data), a._dev)
-        if a._rg and _grad_mode._grad_enabled.get():
+        if a._rg and op.rule is not None and _grad_mode._grad_enabled.get():
             node = OpNode.__new__(OpNode)
             node._fast1(op, a)
             if op.save_out:
@@ -291,7 +292,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 and a._data.size <= INLINE_MAX_ELEMENTS
             ):
                 out = T._wrap(op.kernel(a._data, b._data), a._dev)
-                if (a._rg or b._rg) and _grad_mode._grad_enabled.get():
+                if (a._rg or b._rg) and op.rule is not None and _grad_mode._grad_enabled.get():
                     out._grad_fn = OpNode(op, (a, b), EMPTY, None)
                     out._rg = True
                 return out
@@ -299,7 +300,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
             s = a._stream
             if (s is None or s._completed >= a._seq) and a._data.size <= INLINE_MAX_ELEMENTS:
                 out = T._wrap(op.kernel(a._data, b), a._dev)
-                if a._rg and _grad_mode._grad_enabled.get():
+                if a._rg and op.rule is not None and _grad_mode._grad_enabled.get():
                     node = OpNode.__new__(OpNode)
                     node._fast2s(op, a, b)
                     out._grad_fn = node
@@ -309,7 +310,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
         s = b._stream
         if (s is None or s._completed >= b._seq) and b._data.size <= INLINE_MAX_ELEMENTS:
             out = T._wrap(op.kernel(a, b._data), b._dev)
-            if b._rg and _grad_mode._grad_enabled.get():
+            if b._rg and op.rule is not None and _grad_mode._grad_enabled.get():
                 out._grad_fn = OpNode(op, (a, b), EMPTY, None)
                 out._rg = True
             return out

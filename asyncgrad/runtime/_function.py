@@ -56,7 +56,7 @@ class FunctionCtx:
 class FunctionNode(Node):
     """The backward node of one `Function.apply` call."""
 
-    __slots__ = ("ctx", "fn_cls", "n_args", "n_outputs", "out_meta")
+    __slots__ = ("ctx", "fn_cls", "in_shapes", "n_args", "n_outputs", "out_meta")
 
     def __init__(self, fn_cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], stream: Any) -> None:
         self._init_node(stream)
@@ -64,12 +64,13 @@ class FunctionNode(Node):
         self.ctx = ctx
         self.next, ctx.needs_input_grad = edges_of(args)
         self.n_args = len(args)
+        self.in_shapes = tuple(a._shape if isinstance(a, Tensor) else None for a in args)
         self.out_meta: list[tuple[tuple[int, ...], Any, Any]] = []
         self.n_outputs = 0
 
     @property
     def is_async(self) -> bool:  # type: ignore[override]
-        return inspect.iscoroutinefunction(self.fn_cls.backward)
+        return self.fn_cls._backward_is_async
 
     def name(self) -> str:
         return f"{self.fn_cls.__name__}Backward"
@@ -98,6 +99,7 @@ class _FunctionMeta(type):
             if f is not None and not isinstance(f, (staticmethod, classmethod)):
                 # allow plain `def forward(ctx, ...)` like `@staticmethod def forward(ctx, ...)`
                 setattr(cls, meth, staticmethod(f))
+        cls._backward_is_async = inspect.iscoroutinefunction(cls.backward)
 
 
 class Function(metaclass=_FunctionMeta):

@@ -29,17 +29,26 @@ class HookTable(dict):  # type: ignore[type-arg]
 class RemovableHandle:
     """Removes one registered hook. Also a context manager that removes it on exit."""
 
-    __slots__ = ("_table", "id")
+    __slots__ = ("_leaf", "_table", "id")
 
-    def __init__(self, table: HookTable) -> None:
+    def __init__(self, table: HookTable, leaf: Any = None) -> None:
         self.id = next(_ids)
         self._table = weakref.ref(table)
+        # hooks on a leaf are owned by the leaf's owner actor: removal goes through it (see _registry)
+        self._leaf = None if leaf is None else weakref.ref(leaf)
 
     def remove(self) -> None:
         """Remove exactly this hook (a no-op if it is already gone)."""
         table = self._table()
-        if table is not None:
+        if table is None:
+            return
+        leaf = None if self._leaf is None else self._leaf()
+        if leaf is None:
             table.pop(self.id, None)
+        else:
+            from ._registry import remove_leaf_hook
+
+            remove_leaf_hook(leaf, table, self.id)
 
     def __enter__(self) -> RemovableHandle:
         return self
@@ -54,11 +63,16 @@ class RemovableHandle:
         return f"<RemovableHandle id={self.id} {'active' if alive else 'removed'}>"
 
 
-def add_hook(table: HookTable, fn: Callable[..., Any]) -> RemovableHandle:
+def add_hook(table: HookTable, fn: Callable[..., Any], leaf: Any = None) -> RemovableHandle:
     if not callable(fn):
         raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
-    h = RemovableHandle(table)
-    table[h.id] = fn
+    h = RemovableHandle(table, leaf)
+    if leaf is None:
+        table[h.id] = fn
+    else:
+        from ._registry import register_leaf_hook
+
+        register_leaf_hook(leaf, table, h.id, fn)
     return h
 
 
@@ -75,7 +89,7 @@ def tensor_register_hook(t: Tensor, fn: Callable[..., Any]) -> RemovableHandle:
     if node is None:
         if t._hooks is None:
             t._hooks = HookTable()
-        return add_hook(t._hooks, fn)
+        return add_hook(t._hooks, fn, t)
     # a non-leaf's hooks run on the gradient arriving at its grad_fn, for its output slot
     if node._tensor_pre_hooks is None:
         node._tensor_pre_hooks = {}
@@ -94,7 +108,7 @@ def tensor_register_post_accumulate_hook(t: Tensor, fn: Callable[..., Any]) -> R
     _check_rg(t, "post accumulate grad hook")
     if t._post_hooks is None:
         t._post_hooks = HookTable()
-    return add_hook(t._post_hooks, fn)
+    return add_hook(t._post_hooks, fn, t)
 
 
 def tensor_retain_grad(t: Tensor) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,12 +18,12 @@ def _norm_axes(op: str, shape: tuple[int, ...], dim: Any) -> tuple[int, ...] | N
     n = len(shape)
     out = []
     for d in dims:
-        if not -max(n, 1) <= d < max(n, 1):
+        if not -builtins.max(n, 1) <= d < builtins.max(n, 1):
             raise OpError(
                 f"{op}: dim {d} is out of range for a tensor of shape {shape} "
-                f"(expected a dim in [{-max(n, 1)}, {max(n, 1) - 1}])"
+                f"(expected a dim in [{-builtins.max(n, 1)}, {builtins.max(n, 1) - 1}])"
             )
-        out.append(int(d) % max(n, 1))
+        out.append(int(d) % builtins.max(n, 1))
     if len(set(out)) != len(out):
         raise OpError(f"{op}: dim {dim} repeats a dimension")
     return tuple(sorted(out))

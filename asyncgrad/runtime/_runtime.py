@@ -122,6 +122,8 @@ class Runtime:
         self.grads_copied = 0
         self.grads_accumulated = 0
         self.closed = False
+        self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by open_runtime
+        self.owners: dict[Any, Any] = {}  # stream -> LeafOwner (see _registry)
 
     def device(self, spec: Any) -> Device:
         """Resolve a device name ("cpu", "cpu:1", "cuda") or object to this runtime's device."""
@@ -196,22 +198,43 @@ async def open_runtime(
     rt.blas_threads = _BlasLimit.acquire(rt._blas_request)
     token = _current.set(rt)
     streams_token = _task_streams.set(None)
+    body_error: list[BaseException] = []
     try:
         async with trio.open_nursery() as nursery:
             for name, dev in rt.devices.items():
                 if name != "cpu":
                     await nursery.start(dev.run)
-            try:
-                yield rt
-            finally:
-                for name, dev in rt.devices.items():
-                    if name != "cpu":
-                        dev.close()
+            # graph tasks and leaf owners run here; the devices outlive them (opened in the outer one)
+            async with trio.open_nursery() as tasks:
+                rt.nursery = tasks
+                try:
+                    yield rt
+                except BaseException as e:
+                    body_error.append(e)
+                    raise
+                finally:
+                    for owner in rt.owners.values():
+                        owner.close()
+            for name, dev in rt.devices.items():
+                if name != "cpu":
+                    dev.close()
+    except BaseExceptionGroup as eg:
+        # an error from the user's block comes out as itself, not wrapped by our internal nurseries
+        leaf = _sole_exception(eg)
+        if body_error and leaf is body_error[0]:
+            raise leaf from None
+        raise
     finally:
         rt.closed = True
         _task_streams.reset(streams_token)
         _current.reset(token)
         _BlasLimit.release()
+
+
+def _sole_exception(eg: BaseException) -> BaseException:
+    while isinstance(eg, BaseExceptionGroup) and len(eg.exceptions) == 1:
+        eg = eg.exceptions[0]
+    return eg
 
 
 def run(main: Callable[..., Awaitable[Any]], *args: Any, **runtime_options: Any) -> Any:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import trio
 
 from ..devices import Device, Stream
 from . import _dispatch
@@ -204,8 +205,12 @@ class Tensor:
     async def ready(self) -> Tensor:
         """Wait, without blocking the event loop, until this tensor's value is computed."""
         s = self._stream
-        if s is not None:
+        if s is not None and s._completed < self._seq:
             await s.synchronize(self._seq)
+        else:
+            await trio.lowlevel.checkpoint()
+            if s is not None:
+                s.check_error()
         return self
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -319,7 +324,7 @@ class Tensor:
         inputs: Sequence[Tensor] | Tensor | None = None,
     ) -> None:
         """Accumulate the gradient of this tensor into the `.grad` of the leaves (await it)."""
-        from ._engine import backward
+        from ._autograd import backward
 
         await backward(
             [self],

@@ -1,0 +1,202 @@
+"""Applying one backward node: the engine calls these, and checks what rules and Functions return.
+
+A built-in node's rule runs on numpy arrays as ONE kernel on the node's stream (inline when tiny and
+ready), or, under ``create_graph``, on Tensors so that the backward is itself recorded. A `Function`'s
+backward runs on the loop thread (its ops queue kernels like any other code).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+import trio
+
+from ..devices import INLINE_MAX_ELEMENTS, Stream
+from ._dispatch import OpNode, _camel, wait_for
+from ._tensor import Tensor
+from ._xp import AG, NP, sum_to
+
+
+class BackwardError(RuntimeError):
+    """A backward function or hook raised; the pass was abandoned and no `.grad` was changed."""
+
+
+# set while a plain (non-async) Function backward runs, to catch it starting a nested pass
+in_plain_backward: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "asyncgrad_in_plain_backward", default=None
+)
+
+
+def _ready(t: Any) -> bool:
+    s = t._stream
+    return s is None or s._completed >= t._seq
+
+
+def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
+    """Run the node's rule on numpy arrays: inline when tiny and ready, else as one kernel on its stream."""
+    args, out = node.args, node.out
+    gd = g._data
+    s = g._stream
+    if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and (s is None or s._completed >= g._seq):
+        arrays = []
+        for a in args:
+            if isinstance(a, Tensor):
+                s = a._stream
+                if s is not None and s._completed < a._seq:
+                    break
+                arrays.append(a._data)
+            else:
+                arrays.append(a)
+        else:
+            if out is None:
+                gs = run_rule(node, NP, gd, arrays, None)
+            elif _ready(out):
+                gs = run_rule(node, NP, gd, arrays, out._data)
+            else:
+                gs = None
+            if gs is not None:
+                dev = g._dev
+                wrap = Tensor._wrap
+                return [None if x is None else wrap(x, dev) for x in gs]
+    stream = node.stream or task_stream
+    wait_for(g, stream)
+    for a in args:
+        if isinstance(a, Tensor):
+            wait_for(a, stream)
+    if out is not None:
+        wait_for(out, stream)
+    dev = stream.device
+    results = [
+        Tensor._pending(a._shape, a._dtype, dev, stream) if need else None
+        for a, need in zip(args, node.needs)
+    ]
+    view = _NodeView(node.op, node.kw, node.needs)
+
+    def job() -> None:
+        arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+        gs = run_rule(view, NP, g._data, arrays, None if out is None else out._data)
+        for r, x in zip(results, gs):
+            if r is not None:
+                r._data = x
+
+    seq = stream.submit(job)
+    for r in results:
+        if r is not None:
+            r._seq = seq
+    return results
+
+
+class _NodeView:
+    """What a queued rule kernel needs of its node (the node itself may be released meanwhile)."""
+
+    __slots__ = ("kw", "needs", "op")
+
+    def __init__(self, op: Any, kw: Any, needs: Any) -> None:
+        self.op, self.kw, self.needs = op, kw, needs
+
+    def name(self) -> str:
+        return f"{_camel(self.op.name)}Backward"
+
+
+def run_rule(node: Any, xp: Any, g: Any, arrays: list[Any], out: Any) -> list[Any]:
+    """Call the op's rule, then check and fix up what it returned (count, broadcast shape, dtype)."""
+    op, needs = node.op, node.needs
+    gs = op.rule(xp, g, arrays, out, node.kw, needs)
+    if len(gs) != len(arrays):
+        raise RuntimeError(
+            f"backward rule of {op.name} returned {len(gs)} gradients, expected {len(arrays)} (one per input)"
+        )
+    res: list[Any] = []
+    for i, x in enumerate(gs):
+        if not needs[i]:
+            res.append(None)
+            continue
+        a = arrays[i]
+        if x is None:
+            raise RuntimeError(f"backward rule of {op.name} returned no gradient for input {i}")
+        shape = a.shape
+        if x.shape != shape:
+            try:
+                x = sum_to(xp, x, tuple(shape))
+            except ValueError as e:
+                raise RuntimeError(f"backward rule of {op.name}, input {i}: {e}") from None
+        if x.dtype != a.dtype:
+            x = xp.astype(x, a.dtype)
+        res.append(x)
+    return res
+
+
+def ag_namespace() -> Any:
+    if not hasattr(AG, "sum"):
+        AG._bind()
+    return AG
+
+
+def apply_op_graph(node: OpNode, g: Tensor) -> list[Any]:
+    """``create_graph=True``: run the rule with asyncgrad ops so the backward is recorded."""
+    return run_rule(node, ag_namespace(), g, list(node.args), node.out)
+
+
+def _wrap_error(node: Any, e: BaseException) -> BackwardError:
+    return BackwardError(f"exception in the backward of {node.name()}: {type(e).__name__}: {e}")
+
+
+def apply_function(node: Any, gouts: list[Any]) -> list[Any]:
+    """Run a `Function`'s plain backward."""
+    grads = node.prepare_grads(gouts)
+    token = in_plain_backward.set(node.name())
+    try:
+        r = node.fn_cls.backward(node.ctx, *grads)
+    except (trio.Cancelled, BackwardError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        raise _wrap_error(node, e) from e
+    finally:
+        in_plain_backward.reset(token)
+    return check_function_grads(node, r)
+
+
+async def apply_function_async(node: Any, gouts: list[Any]) -> list[Any]:
+    """Run a `Function`'s ``async def`` backward (it may await a nested backward pass)."""
+    grads = node.prepare_grads(gouts)
+    try:
+        r = await node.fn_cls.backward(node.ctx, *grads)
+    except (trio.Cancelled, BackwardError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        raise _wrap_error(node, e) from e
+    return check_function_grads(node, r)
+
+
+def check_function_grads(node: Any, r: Any) -> list[Any]:
+    """One gradient (or None) per forward input, each reduced to its input's shape."""
+    grads = list(r) if isinstance(r, tuple) else [r]
+    n = node.n_args
+    if len(grads) > n and all(g is None for g in grads[n:]):
+        grads = grads[:n]
+    if len(grads) != n:
+        raise BackwardError(
+            f"{node.name()}: backward returned {len(grads)} gradients, but forward had {n} inputs; "
+            "return one gradient (or None) per forward input"
+        )
+    out: list[Any] = []
+    for i, (g, e) in enumerate(zip(grads, node.next)):
+        if e is None or g is None:
+            out.append(None)
+            continue
+        if not isinstance(g, Tensor):
+            raise BackwardError(
+                f"{node.name()}: backward returned {type(g).__name__} for input {i}, expected a Tensor"
+            )
+        shape = node.in_shapes[i]
+        if g._shape != shape:
+            try:
+                g = sum_to(ag_namespace(), g, shape)
+            except ValueError:
+                raise BackwardError(
+                    f"{node.name()}: backward returned a gradient of shape {g._shape} for input {i}, "
+                    f"which has shape {shape}"
+                ) from None
+        out.append(g)
+    return out

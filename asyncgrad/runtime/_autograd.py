@@ -1,0 +1,275 @@
+"""`backward()` and `grad()`: each starts a graph task in its own trio task and awaits it.
+
+Running every pass as a separate task (in the runtime's nursery) is what makes reentrant backward
+cheap: a backward function that awaits a nested pass just waits on an event; the nested pass runs
+beside it. The caller's cancellation cancels the pass; its errors come back to the caller. Gradients
+reach `.grad` only after the pass succeeded (through the leaves' owners, see `_registry`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import trio
+
+from ._apply import in_plain_backward
+from ._engine import GraphTask
+from ._registry import prepare_and_commit
+from ._runtime import Runtime, _task_streams, _TaskStreams, current_runtime, current_stream
+from ._tensor import Tensor
+
+_task_ids = itertools.count(1)
+
+# the graph task whose backward function is running in this trio task (for checkpoint's nested pass)
+current_graph_task: contextvars.ContextVar[GraphTask | None] = contextvars.ContextVar(
+    "asyncgrad_graph_task", default=None
+)
+
+
+def _check_not_plain(what: str) -> None:
+    name = in_plain_backward.get()
+    if name is not None:
+        raise RuntimeError(
+            f"{what} was called from inside the plain (non-async) backward of {name}; a backward that runs "
+            "another backward pass must be `async def backward(ctx, ...)` and `await` it"
+        )
+
+
+def _as_list(x: Any) -> list[Any]:
+    if x is None:
+        return []
+    if isinstance(x, Tensor):
+        return [x]
+    return list(x)
+
+
+def _root_grads(what: str, outputs: Sequence[Any], grads: Sequence[Any] | None) -> list[Tensor]:
+    if grads is not None and len(grads) != len(outputs):
+        raise RuntimeError(f"{what}: got {len(outputs)} outputs but {len(grads)} gradients")
+    out = []
+    for i, t in enumerate(outputs):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{what}: outputs must be Tensors, got {type(t).__name__}")
+        if not t._rg:
+            raise RuntimeError(
+                f"{what}: element {i} of tensors does not require grad and does not have a grad_fn; "
+                "did you forget requires_grad=True on the inputs, or run the forward under no_grad()?"
+            )
+        g = None if grads is None else grads[i]
+        if g is None:
+            if t.numel() != 1:
+                raise RuntimeError(
+                    f"{what}: grad can be implicitly created only for scalar outputs, but the output has "
+                    f"shape {t._shape}; pass gradient= (a tensor of shape {t._shape}) to backward()"
+                )
+            g = Tensor._wrap(np.ones(t._shape, dtype=t._dtype), t._dev)
+        elif not isinstance(g, Tensor):
+            g = Tensor._wrap(np.asarray(g, dtype=t._dtype), t._dev)
+        if g._shape != t._shape:
+            raise RuntimeError(
+                f"{what}: gradient has shape {g._shape} but the output has shape {t._shape}; they must match"
+            )
+        if g._dev is not t._dev:
+            raise RuntimeError(f"{what}: gradient is on {g._dev} but the output is on {t._dev}")
+        out.append(g)
+    return out
+
+
+class _Box:
+    __slots__ = ("cancelled", "error", "scope")
+
+    def __init__(self) -> None:
+        self.scope: trio.CancelScope | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+
+
+async def _in_own_task(rt: Runtime, body: Any) -> None:
+    """Run ``await body()`` as a task of the runtime's nursery, on the caller's streams; wait for it.
+
+    A top-level pass (not started from inside another pass's backward function) runs right in the
+    caller's task: nothing nests there, and it saves a task spawn per backward.
+    """
+    if current_graph_task.get() is None:
+        # like any trio async function, a pass is a checkpoint even when all its work ran inline
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            await body()
+        finally:
+            current_graph_task.set(None)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return
+    current_stream(rt.cpu)  # make sure the caller has its streams, to lend them to the pass
+    caller_streams = _task_streams.get()
+    done = trio.Event()
+    box = _Box()
+
+    async def task_main() -> None:
+        try:
+            if box.cancelled:
+                return
+            ts = _TaskStreams(trio.lowlevel.current_task())
+            ts.by_device = caller_streams.by_device  # type: ignore[union-attr]
+            _task_streams.set(ts)
+            with trio.CancelScope() as cs:
+                box.scope = cs
+                try:
+                    await body()
+                except Exception as e:
+                    box.error = e
+        finally:
+            done.set()
+
+    rt.nursery.start_soon(task_main)
+    try:
+        await done.wait()
+    except trio.Cancelled:
+        box.cancelled = True
+        if box.scope is not None:
+            box.scope.cancel()
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        raise
+    if box.error is not None:
+        raise box.error
+
+
+def _targets_of(what: str, inputs: Any) -> tuple[list[Tensor], list[Any]]:
+    ins = _as_list(inputs)
+    if not ins:
+        raise RuntimeError(f"{what}: inputs must be a non-empty sequence of tensors")
+    keys = []
+    for t in ins:
+        if not isinstance(t, Tensor) or not t._rg:
+            raise RuntimeError(f"{what}: One of the differentiated Tensors does not require grad")
+        keys.append(id(t) if t._grad_fn is None else (t._grad_fn, t._out_nr))
+    return ins, keys
+
+
+def backward(
+    tensors: Any,
+    grad_tensors: Any = None,
+    *,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: Any = None,
+) -> Any:
+    """Accumulate the gradients of ``tensors`` into the `.grad` of the leaves; returns an awaitable.
+
+    Args:
+        tensors: Output tensor(s) to differentiate.
+        grad_tensors: Gradient(s) w.r.t. each output (may be None for one-element outputs).
+        retain_graph: Keep saved values for another backward (default: ``create_graph``).
+        create_graph: Record the backward itself, for higher derivatives.
+        inputs: Accumulate only into these tensors (leaves, or non-leaves that then retain grad).
+    """
+    _check_not_plain("backward()")
+    rt = current_runtime("backward()")
+    outputs = _as_list(tensors)
+    grads = _root_grads("backward", outputs, None if grad_tensors is None else _as_list(grad_tensors))
+    targets = None
+    if inputs is not None:
+        ins, keys = _targets_of("backward", inputs)
+        for t in ins:
+            if t._grad_fn is not None:
+                t.retain_grad()
+        targets = set(keys)
+    retain = create_graph if retain_graph is None else retain_graph
+    return _backward(rt, outputs, grads, retain, create_graph, targets)
+
+
+async def _backward(
+    rt: Runtime, outputs: list[Tensor], grads: list[Tensor], retain: bool, create: bool, targets: Any
+) -> None:
+    async def body() -> None:
+        task = GraphTask(current_stream(rt.cpu), retain_graph=retain, create_graph=create, targets=targets)
+        current_graph_task.set(task)
+        rt.graph_tasks_started += 1
+        try:
+            await task.run(outputs, grads)
+            staged = list(task.staged.values())
+            task.staged.clear()
+            await prepare_and_commit(
+                rt, task.stream, staged, commit=True, create_graph=create, task_id=next(_task_ids)
+            )
+            for t, g in task.retained:
+                t._grad = g if create else g.detach()
+        finally:
+            rt.graph_tasks_finished += 1
+
+    await _in_own_task(rt, body)
+
+
+def grad(
+    outputs: Any,
+    inputs: Any,
+    grad_outputs: Any = None,
+    *,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool = False,
+) -> Any:
+    """Gradients of ``outputs`` w.r.t. ``inputs``, returned instead of accumulated; await the result.
+
+    Returns:
+        A tuple with one gradient per input; an input the outputs do not depend on raises, unless
+        ``allow_unused=True`` (its entry is then None).
+    """
+    _check_not_plain("grad()")
+    rt = current_runtime("grad()")
+    outs = _as_list(outputs)
+    ins, keys = _targets_of("grad", inputs)
+    grads = _root_grads("grad", outs, None if grad_outputs is None else _as_list(grad_outputs))
+    retain = create_graph if retain_graph is None else retain_graph
+    return _grad(rt, outs, grads, ins, keys, retain, create_graph, allow_unused, None)
+
+
+async def _grad(
+    rt: Runtime, outs: list[Tensor], grads: list[Tensor], ins: list[Tensor], keys: list[Any],
+    retain: bool, create: bool, allow_unused: bool, parent: GraphTask | None,
+) -> tuple[Tensor | None, ...]:
+    result: list[Tensor | None] = []
+
+    async def body() -> None:
+        task = GraphTask(
+            current_stream(rt.cpu), retain_graph=retain, create_graph=create, targets=set(keys), parent=parent
+        )
+        current_graph_task.set(task)
+        rt.graph_tasks_started += 1
+        try:
+            await task.run(outs, grads)
+            leaf_entries = [task.staged[k] for k in keys if isinstance(k, int) and k in task.staged]
+            await prepare_and_commit(rt, task.stream, leaf_entries, commit=False, create_graph=create, task_id=0)
+            for t, k in zip(ins, keys):
+                entry = task.staged.get(k) if t._grad_fn is None else None
+                g = entry[1] if entry is not None else task.capture.get(k)
+                if g is None and not allow_unused:
+                    raise RuntimeError(
+                        "grad: one of the differentiated Tensors appears to not have been used in the graph; "
+                        "set allow_unused=True if this is the desired behavior"
+                    )
+                result.append(g if g is None or create else g.detach())
+        finally:
+            rt.graph_tasks_finished += 1
+
+    await _in_own_task(rt, body)
+    return tuple(result)
+
+
+async def nested_grad(outs: list[Tensor], grads: list[Tensor], ins: list[Tensor]) -> tuple[Tensor | None, ...]:
+    """For `checkpoint`: grads w.r.t. ``ins``; every other leaf's gradient joins the running outer pass."""
+    rt = current_runtime("checkpoint")
+    parent = current_graph_task.get()
+    keys = [id(t) if t._grad_fn is None else (t._grad_fn, t._out_nr) for t in ins]
+    create = _grad_mode_enabled()
+    return await _grad(rt, outs, grads, ins, keys, create, create, True, parent)
+
+
+def _grad_mode_enabled() -> bool:
+    from ._grad_mode import is_grad_enabled
+
+    return is_grad_enabled()

@@ -1,0 +1,244 @@
+"""Registration servers: the actors that own shared autograd state.
+
+Ownership (who may change what):
+
+* A graph task owns its own state (dependency counts, gradient buffers, staged leaf gradients). Nothing
+  else touches it, so the per-node path takes no lock.
+* A leaf's gradient accumulator (`.grad` as written by backward passes), the tensor hooks and
+  post-accumulate hooks on that leaf, and the record of which graph tasks committed into it are owned
+  by ONE `LeafOwner` actor. Graph tasks never write them directly: they send `Prepare` / `Commit`
+  messages, and hook registrations on an owned leaf are `AddHook` / `RemoveHook` messages. The owner
+  handles its mailbox one message at a time, so two passes committing into a shared leaf are applied
+  one after the other (no lost update, no mutex).
+* Owners are partitioned by stream: a leaf is owned by the owner of the stream of the first graph task
+  that committed into it. Concurrent trainings run on different streams, so independent trainings
+  never share an owner (burn's lesson: one global server behind a channel is still one choke point).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import attrs
+import trio
+
+from ..actors import Actor, ActorClosedError
+from ._apply import BackwardError
+from ._hooks import HookTable
+from ._layout import accumulate
+
+
+@attrs.frozen
+class Prepare:
+    """Run the leaves' tensor hooks on staged gradients; reply with the (possibly replaced) gradients."""
+
+    entries: list[list[Any]]  # [leaf, grad] pairs, updated in place
+
+
+@attrs.frozen
+class Commit:
+    """Fold prepared gradients into `.grad`, then run post-accumulate hooks."""
+
+    entries: list[list[Any]]
+    create_graph: bool
+    task_id: int
+
+
+@attrs.frozen
+class PrepareAndCommit:
+    """`Prepare` then `Commit` in one message (a pass whose leaves all have the same owner)."""
+
+    entries: list[list[Any]]
+    create_graph: bool
+    task_id: int
+
+
+@attrs.frozen
+class AddHook:
+    table: HookTable
+    hook_id: int
+    fn: Any
+
+
+@attrs.frozen
+class RemoveHook:
+    table: HookTable
+    hook_id: int
+
+
+@attrs.frozen
+class OwnerStatistics:
+    """Counters of one leaf owner."""
+
+    name: str
+    leaves_committed: int
+    commits: int
+    graph_tasks_seen: int
+    hook_messages: int
+
+
+class LeafOwner(Actor):
+    """Owns the accumulators and hooks of the leaves assigned to it (see the module docstring)."""
+
+    def __init__(self, rt: Any, name: str) -> None:
+        super().__init__(name)
+        self._rt = rt
+        self._commits = 0
+        self._leaves_committed = 0
+        self._hook_messages = 0
+        self._tasks_seen: set[int] = set()
+
+    def handle(self, msg: Any) -> Any:
+        if isinstance(msg, Prepare):
+            return _prepare(msg.entries)
+        if isinstance(msg, PrepareAndCommit):
+            _prepare(msg.entries)
+            msg = Commit(msg.entries, msg.create_graph, msg.task_id)
+        if isinstance(msg, Commit):
+            self._commits += 1
+            self._leaves_committed += len(msg.entries)
+            self._tasks_seen.add(msg.task_id)
+            return self._commit(msg)
+        if isinstance(msg, AddHook):
+            self._hook_messages += 1
+            msg.table[msg.hook_id] = msg.fn
+            return None
+        if isinstance(msg, RemoveHook):
+            self._hook_messages += 1
+            msg.table.pop(msg.hook_id, None)
+            return None
+        raise TypeError(f"{self.name}: unknown message {msg!r}")
+
+    def _commit(self, msg: Commit) -> None:
+        post = []
+        entries = msg.entries
+        while entries:
+            entry = entries.pop()
+            leaf, g = entry
+            entry.clear()
+            # a gradient may be stolen only if nobody else holds it: here the references are the local
+            # `g` and getrefcount's argument; its array is held by g alone (its base by the array alone)
+            arr = g._data
+            unique = (
+                sys.getrefcount(g) == 2
+                and arr is not None
+                and sys.getrefcount(arr) == 3
+                and (arr.base is None or sys.getrefcount(arr.base) == 2)
+            )
+            del arr
+            accumulate(self._rt, leaf, g, msg.create_graph, unique)
+            if leaf._post_hooks:
+                post.append(leaf)
+        for leaf in post:
+            for fn in list(leaf._post_hooks.values()):
+                fn(leaf)
+
+    def owner_statistics(self) -> OwnerStatistics:
+        return OwnerStatistics(
+            name=self.name,
+            leaves_committed=self._leaves_committed,
+            commits=self._commits,
+            graph_tasks_seen=len(self._tasks_seen),
+            hook_messages=self._hook_messages,
+        )
+
+
+def _prepare(entries: list[list[Any]]) -> None:
+    from ._engine import call_hook, check_hook_grad
+
+    for entry in entries:
+        leaf, g = entry
+        hooks = leaf._hooks
+        if hooks:
+            for fn in list(hooks.values()):
+                r = call_hook(fn, None, g)
+                if r is not None:
+                    g = check_hook_grad(None, g, r)
+            entry[1] = g
+
+
+def owner_for(rt: Any, leaf: Any, stream: Any) -> LeafOwner:
+    """The leaf's owner, assigning it the owner of ``stream`` on first use."""
+    owner = leaf.__dict__.get("_owner")
+    if owner is not None and not owner.closed:
+        return owner  # type: ignore[no-any-return]
+    owner = rt.owners.get(stream)
+    if owner is None:
+        owner = rt.owners[stream] = LeafOwner(rt, f"leaf-owner[{stream.name}]")
+        rt.nursery.start_soon(owner.run)
+    leaf._owner = owner
+    return owner
+
+
+async def prepare_and_commit(
+    rt: Any, stream: Any, staged: list[list[Any]], *, commit: bool, create_graph: bool, task_id: int
+) -> None:
+    """Send staged leaf gradients to their owners: all `Prepare`s first, then (if ``commit``) all `Commit`s.
+
+    A hook failing in the prepare phase aborts before anything is written. The commit phase is shielded
+    from cancellation, so a pass commits all of its leaves or none.
+    """
+    by_owner: dict[LeafOwner, list[list[Any]]] = {}
+    for entry in staged:
+        by_owner.setdefault(owner_for(rt, entry[0], stream), []).append(entry)
+    if commit and len(by_owner) == 1:
+        # one owner: prepare and commit in one message (a failing hook still commits nothing)
+        ((owner, entries),) = by_owner.items()
+        staged.clear()
+        by_owner.clear()
+        msg = PrepareAndCommit(entries, create_graph, task_id)
+        try:
+            owner.call_nowait(msg)  # the owner is idle: it handles the message right here, in order
+        except trio.WouldBlock:
+            # one message: the owner applies all of it or none (even if we are cancelled meanwhile)
+            await _call(owner, msg)
+        return
+    for owner, entries in by_owner.items():
+        try:
+            try:
+                owner.call_nowait(Prepare(entries))
+            except trio.WouldBlock:
+                await _call(owner, Prepare(entries))
+        except BackwardError:
+            raise
+        except Exception as e:
+            raise BackwardError(f"exception in a leaf hook: {type(e).__name__}: {e}") from e
+    if not commit:
+        return
+    staged.clear()
+    with trio.CancelScope(shield=True):
+        for owner, entries in by_owner.items():
+            try:
+                owner.call_nowait(Commit(entries, create_graph, task_id))
+            except trio.WouldBlock:
+                await _call(owner, Commit(entries, create_graph, task_id))
+        by_owner.clear()
+
+
+async def _call(owner: LeafOwner, msg: Any) -> Any:
+    try:
+        return await owner.call(msg)
+    except ActorClosedError:
+        # owners stop only when the runtime shuts down; if that is cancelling us, say so as trio does
+        await trio.lowlevel.checkpoint_if_cancelled()
+        raise RuntimeError(
+            f"{owner.name} has stopped: the runtime is closing, so this backward pass cannot be committed"
+        ) from None
+
+
+def register_leaf_hook(leaf: Any, table: HookTable, hook_id: int, fn: Any) -> None:
+    """Add a hook to an owned leaf through its owner (in order with that owner's commits)."""
+    owner = leaf.__dict__.get("_owner")
+    if owner is None or owner.closed:
+        table[hook_id] = fn
+    else:
+        owner.send_nowait(AddHook(table, hook_id, fn))
+
+
+def remove_leaf_hook(leaf: Any, table: HookTable, hook_id: int) -> None:
+    owner = leaf.__dict__.get("_owner")
+    if owner is None or owner.closed:
+        table.pop(hook_id, None)
+    else:
+        owner.send_nowait(RemoveHook(table, hook_id))
