@@ -4,6 +4,7 @@ from . import _ops_elementwise, _ops_linalg, _ops_nn, _ops_reduce, _ops_shape  #
 from ._dispatch import OPS, Node, Op, OpError, OpNode, apply, defop
 from ._apply import BackwardError
 from ._autograd import backward, grad
+from ._checkpoint import checkpoint
 from ._factories import (
     arange,
     default_generator,
@@ -69,7 +70,7 @@ from ._tensor import Tensor
 __all__ = [
     "OPS", "BackwardError", "Function", "FunctionCtx", "MaxResult", "NoRuntimeError", "Node", "Op",
     "OpError", "OpNode", "RemovableHandle", "Runtime", "RuntimeStatistics", "Tensor", "abs", "add",
-    "amax", "apply", "arange", "argmax", "argmin", "astype", "backward", "broadcast_to", "cat", "clone",
+    "amax", "apply", "arange", "argmax", "argmin", "astype", "backward", "broadcast_to", "cat", "checkpoint", "clone",
     "concat", "current_runtime", "default_generator", "defop", "div", "empty", "empty_like_contract",
     "enable_grad", "exp", "expand", "flatten", "from_numpy", "full", "get_default_dtype", "getitem",
     "grad", "is_dense_nonoverlapping", "is_grad_enabled", "log", "log_softmax", "manual_seed", "matmul",

@@ -265,11 +265,10 @@ async def nested_grad(outs: list[Tensor], grads: list[Tensor], ins: list[Tensor]
     rt = current_runtime("checkpoint")
     parent = current_graph_task.get()
     keys = [id(t) if t._grad_fn is None else (t._grad_fn, t._out_nr) for t in ins]
-    create = _grad_mode_enabled()
+    create = parent is not None and parent.create_graph
+    if not ins:
+        # nothing to capture, but parameters inside still need their gradients: stage them all
+        keys, ins = [], []
     return await _grad(rt, outs, grads, ins, keys, create, create, True, parent)
 
 
-def _grad_mode_enabled() -> bool:
-    from ._grad_mode import is_grad_enabled
-
-    return is_grad_enabled()

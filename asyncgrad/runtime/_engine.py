@@ -183,11 +183,14 @@ class GraphTask:
                     budget_end = clock() + TIME_BUDGET_S
 
     def _to_leaf(self, leaf: Tensor, g: Tensor) -> None:
-        staged = self.staged
-        if self.targets is not None and id(leaf) not in self.targets:
-            if self.parent is None:
-                return
-            staged = self.parent.staged  # checkpoint: parameters inside it belong to the outer pass
+        task: GraphTask | None = self
+        # checkpoint: a leaf the nested pass does not capture (a parameter) belongs to the nearest
+        # enclosing pass that accumulates it
+        while task is not None and task.targets is not None and id(leaf) not in task.targets:
+            task = task.parent
+        if task is None:
+            return
+        staged = task.staged
         entry = staged.get(id(leaf))
         if entry is None:
             staged[id(leaf)] = [leaf, g]
