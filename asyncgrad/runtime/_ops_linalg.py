@@ -22,7 +22,14 @@ def _matmul_meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
             f"matmul: shapes {tuple(sa)} and {tuple(sb)} are not aligned: (..., n, k) @ (..., k, m) needs "
             f"equal k, got {a2[-1]} and {b2[-2]}"
         )
-    batch = broadcast_shapes("matmul", tuple(a2[:-2]), tuple(b2[:-2]))
+    try:
+        batch = broadcast_shapes("matmul", tuple(a2[:-2]), tuple(b2[:-2]))
+    except OpError:
+        # name the operands' shapes, not just their batch parts
+        raise OpError(
+            f"matmul: shapes {tuple(sa)} and {tuple(sb)} have batch dimensions {tuple(a2[:-2])} and "
+            f"{tuple(b2[:-2])} that cannot be broadcast together; make each batch dimension equal or 1"
+        ) from None
     out = (*batch, a2[-2], b2[-1])
     if len(sa) == 1:
         out = out[:-2] + out[-1:]

@@ -1,0 +1,450 @@
+"""Every op's gradient against central finite differences (float64), second derivatives of the
+elementwise ops and matmul, and meta (shape/dtype predicted before the kernel) vs the real result on both
+the inline and the queued (worker lane) path.
+
+One table drives everything: each `Case` names the op it covers, a function of tensors, and its inputs.
+Second derivatives are checked for every case (the issue asks for the elementwise ops and matmul).
+Inputs keep away from kinks and ties (relu/abs near 0, max/maximum ties) so differences are smooth.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+from conftest import set_inline_limit
+from gradcheck import gradcheck, gradgradcheck
+
+import asyncgrad as ag
+from asyncgrad.devices import INLINE_MAX_ELEMENTS
+
+R = np.random.default_rng(20240601)
+TIMEOUT = 20  # seconds: a hang fails the test instead of the run
+
+
+def rn(*s: int) -> np.ndarray:
+    return R.standard_normal(s)
+
+
+def pos(*s: int) -> np.ndarray:
+    """Positive, away from 0 (log, sqrt, pow bases)."""
+    return R.uniform(0.5, 2.0, s)
+
+
+def away(*s: int) -> np.ndarray:
+    """Either sign, |x| >= 0.2 (relu, abs, divisors)."""
+    return R.choice([-1.0, 1.0], s) * R.uniform(0.2, 1.5, s)
+
+
+def grid(*s: int, off: float = 0.0) -> np.ndarray:
+    """Multiples of 0.1 plus ``off``: two grids with offsets 0 and 0.05 never tie (maximum/minimum)."""
+    return R.integers(-20, 20, s) * 0.1 + off
+
+
+def distinct(*s: int) -> np.ndarray:
+    """Pairwise distinct values at least 0.05 apart (max/min reductions: no ties)."""
+    n = int(np.prod(s))
+    return R.permutation(np.arange(n) * 0.1 - 0.05 * n).reshape(s)
+
+
+@dataclass
+class Case:
+    op: str
+    name: str
+    fn: Callable[..., Any]
+    inputs: list[np.ndarray]
+    gg: bool = True  # also check second derivatives (every op in the table has them)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+CASES: list[Case] = []
+
+
+def case(op: str, label: str, fn: Callable[..., Any], *inputs: np.ndarray, gg: bool = True) -> None:
+    CASES.append(Case(op, f"{op}-{label}", fn, list(inputs), gg))
+
+
+def _s(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+# ---- elementwise binary (several shapes, broadcasting) -------------------------------------------
+
+BIN_SHAPES = [((3, 4), (3, 4)), ((3, 1, 4), (5, 4)), ((), (2, 3)), ((2, 1), (1, 3)), ((4,), (3, 4))]
+for sa, sb in BIN_SHAPES:
+    lbl = f"{_s(sa)}-{_s(sb)}"
+    case("add", lbl, lambda a, b: a + b, rn(*sa), rn(*sb))
+    case("sub", lbl, lambda a, b: a - b, rn(*sa), rn(*sb))
+    case("mul", lbl, lambda a, b: a * b, rn(*sa), rn(*sb))
+    case("div", lbl, lambda a, b: a / b, rn(*sa), away(*sb))
+    case("pow", lbl, lambda a, b: a**b, pos(*sa), rn(*sb))
+    case("maximum", lbl, ag.maximum, grid(*sa), grid(*sb, off=0.05))
+    case("minimum", lbl, ag.minimum, grid(*sa), grid(*sb, off=0.05))
+case("add", "fn", ag.add, rn(2, 3), rn(3))
+case("sub", "fn", ag.sub, rn(2, 3), rn(3))
+case("mul", "fn", ag.mul, rn(2, 3), rn(3))
+case("div", "fn", ag.div, rn(2, 3), away(3))
+case("pow", "fn", ag.pow, pos(2, 3), rn(3))
+case("maximum", "method", lambda a, b: a.maximum(b), grid(3), grid(2, 3, off=0.05))
+case("maximum", "via-max", lambda a, b: ag.max(a, b), grid(3), grid(2, 3, off=0.05))
+case("add", "self", lambda a: a + a, rn(3, 2))
+case("mul", "self", lambda a: a * a, rn(3, 2))
+case("sub", "self-mul", lambda a: a * a - a, rn(3, 2))
+
+# ---- scalar operands ------------------------------------------------------------------------------
+
+case("mul", "scalar-right", lambda x: x * 2.0, rn(3, 4))
+case("mul", "scalar-left", lambda x: 2.0 * x, rn(3, 4))
+case("add", "scalar", lambda x: x + 1.5, rn(3, 4))
+case("add", "scalar-left", lambda x: 1.5 + x, rn(4))
+case("sub", "scalar-right", lambda x: x - 1.5, rn(4))
+case("sub", "scalar-left", lambda x: 1.5 - x, rn(3, 4))
+case("div", "scalar-right", lambda x: x / 2.0, rn(3, 4))
+case("div", "scalar-left", lambda x: 2.0 / x, away(3, 4))
+case("pow", "int-exponent", lambda x: x**3, rn(3, 4))
+case("pow", "square", lambda x: x**2, rn(5))
+case("pow", "float-exponent", lambda x: x**2.5, pos(3, 4))
+case("pow", "negative-exponent", lambda x: x**-1.5, pos(4))
+case("pow", "scalar-base", lambda x: 2.0**x, rn(3, 4))
+case("pow", "scalar-base-small", lambda x: 0.5**x, rn(2, 3))
+
+# ---- elementwise unary ------------------------------------------------------------------------------
+
+for shp in [(), (5,), (2, 3, 4)]:
+    lbl = _s(shp)
+    case("neg", lbl, lambda x: -x, rn(*shp))
+    case("exp", lbl, ag.exp, rn(*shp))
+    case("log", lbl, ag.log, pos(*shp))
+    case("tanh", lbl, ag.tanh, rn(*shp))
+    case("sigmoid", lbl, ag.sigmoid, rn(*shp))
+    case("relu", lbl, ag.relu, away(*shp))
+    case("sqrt", lbl, ag.sqrt, pos(*shp))
+    case("abs", lbl, ag.abs, away(*shp))
+case("neg", "fn", ag.neg, rn(3))
+case("exp", "method", lambda x: x.exp(), rn(3))
+case("log", "method", lambda x: x.log(), pos(3))
+case("tanh", "method", lambda x: x.tanh(), rn(3))
+case("sigmoid", "large", ag.sigmoid, np.array([-30.0, -3.0, 0.5, 3.0, 30.0]))
+case("relu", "method", lambda x: x.relu(), away(3))
+case("sqrt", "method", lambda x: x.sqrt(), pos(3))
+case("abs", "operator", lambda x: abs(x), away(3))
+
+# ---- where -------------------------------------------------------------------------------------------
+
+C34 = R.random((3, 4)) > 0.5
+C31 = np.array([[True], [False], [True]])
+case("where", "same-shape", lambda x, y: ag.where(ag.tensor(C34), x, y), rn(3, 4), rn(3, 4))
+case("where", "broadcast", lambda x, y: ag.where(ag.tensor(C31), x, y), rn(3, 4), rn(4))
+case("where", "scalar-other", lambda x: ag.where(ag.tensor(C34), x * x, 0.0), rn(3, 4))
+case("where", "cond-from-tensor", lambda x: ag.where(x > 0, x, x * 3.0), away(2, 5))
+
+# ---- matmul ---------------------------------------------------------------------------------------------
+
+MM = [
+    ((3, 4), (4, 5), "2d"),
+    ((2, 3, 4), (2, 4, 5), "batched"),
+    ((2, 1, 3, 4), (5, 4, 2), "batched-broadcast"),
+    ((3, 4), (2, 4, 5), "2d-by-batched"),
+    ((4,), (4, 5), "1d-2d"),
+    ((3, 4), (4,), "2d-1d"),
+    ((4,), (4,), "1d-1d"),
+    ((4,), (2, 4, 3), "1d-batched"),
+    ((2, 3, 4), (4,), "batched-1d"),
+]
+for sa, sb, lbl in MM:
+    case("matmul", lbl, lambda a, b: a @ b, rn(*sa), rn(*sb))
+case("matmul", "fn", ag.matmul, rn(2, 3), rn(3, 2))
+case("matmul", "method", lambda a, b: a.matmul(b), rn(3), rn(3, 2))
+case("matmul", "self", lambda a: a @ a, rn(3, 3))
+
+# ---- reductions ------------------------------------------------------------------------------------------
+
+for name, f in [("sum", ag.sum), ("mean", ag.mean)]:
+    case(name, "full", lambda x, f=f: f(x), rn(3, 4))
+    case(name, "full-1d", lambda x, f=f: f(x), rn(5))
+    case(name, "dim1", lambda x, f=f: f(x, 1), rn(2, 3, 4))
+    case(name, "dims02", lambda x, f=f: f(x, (0, 2)), rn(2, 3, 4))
+    case(name, "dim-neg-keepdim", lambda x, f=f: f(x, -1, keepdim=True), rn(2, 3, 4))
+    case(name, "dim0-keepdim", lambda x, f=f: f(x, 0, keepdim=True), rn(3, 4))
+    case(name, "full-keepdim", lambda x, f=f: f(x, None, keepdim=True), rn(3, 4))
+case("sum", "method", lambda x: x.sum(1), rn(3, 4))
+case("mean", "method", lambda x: x.mean(0), rn(3, 4))
+
+case("max", "full", ag.max, distinct(3, 4))
+case("max", "full-method", lambda x: x.max(), distinct(2, 3, 2))
+case("max", "dim1", lambda x: ag.max(x, 1).values, distinct(3, 4))
+case("max", "dim0-keepdim", lambda x: ag.max(x, 0, keepdim=True).values, distinct(3, 4))
+case("max", "dim-neg", lambda x: x.max(-1)[0], distinct(2, 3, 4))
+case("max", "amax-dim", lambda x: ag.amax(x, 1), distinct(3, 4))
+case("min", "full", ag.min, distinct(3, 4))
+case("min", "dim1-keepdim", lambda x: ag.min(x, 1, keepdim=True).values, distinct(3, 4))
+
+# ---- shape ops ---------------------------------------------------------------------------------------------
+
+case("reshape", "2d", lambda x: x.reshape(6, 4), rn(2, 3, 4))
+case("reshape", "infer", lambda x: ag.reshape(x, (-1,)), rn(2, 3, 4))
+case("reshape", "3d", lambda x: x.reshape((4, 1, 6)), rn(2, 3, 4))
+case("reshape", "of-transposed", lambda x: x.T.reshape(12), rn(3, 4))
+case("transpose", "2d", lambda x: ag.transpose(x, 0, 1), rn(3, 4))
+case("transpose", "3d", lambda x: x.transpose(0, 2), rn(2, 3, 4))
+case("transpose", "T", lambda x: x.T, rn(3, 4))
+case("permute", "3d", lambda x: ag.permute(x, (2, 0, 1)), rn(2, 3, 4))
+case("permute", "method", lambda x: x.permute(1, 2, 0), rn(2, 3, 4))
+case("broadcast_to", "lead", lambda x: ag.broadcast_to(x, (3, 4)), rn(4))
+case("broadcast_to", "inner", lambda x: x.broadcast_to(2, 3, 4), rn(3, 1))
+case("broadcast_to", "scalar", lambda x: ag.broadcast_to(x, (2, 2)), rn())
+case("concat", "dim0", lambda a, b, c: ag.concat([a, b, c], 0), rn(2, 3), rn(4, 3), rn(1, 3))
+case("concat", "dim1", lambda a, b: ag.concat([a, b], dim=1), rn(2, 3), rn(2, 1))
+case("concat", "dim-neg", lambda a, b: ag.cat((a, b), -1), rn(2, 2, 3), rn(2, 2, 2))
+case("concat", "same-twice", lambda a: ag.concat([a, a * 2.0], 0), rn(2, 3))
+case("stack", "dim0", lambda a, b, c: ag.stack([a, b, c]), rn(2, 3), rn(2, 3), rn(2, 3))
+case("stack", "dim-neg", lambda a, b: ag.stack([a, b], -1), rn(2, 3), rn(2, 3))
+case("stack", "dim1", lambda a, b: ag.stack([a, b], 1), rn(4), rn(4))
+
+# ---- indexing ----------------------------------------------------------------------------------------------
+
+case("getitem", "int", lambda x: x[1], rn(3, 4))
+case("getitem", "negative-int", lambda x: x[-1, 2], rn(3, 4))
+case("getitem", "slices", lambda x: x[:, 1:3], rn(3, 4))
+case("getitem", "step-reverse", lambda x: x[::2, ::-1], rn(5, 4))
+case("getitem", "none-ellipsis", lambda x: x[None, ..., 0], rn(2, 3, 4))
+case("getitem", "int-none-slice", lambda x: x[1, None, 2:], rn(3, 4))
+case("getitem", "ellipsis", lambda x: x[..., 1], rn(2, 3, 4))
+case("getitem", "int-array-repeated", lambda x: x[[0, 2, 0]], rn(3, 4))
+case("getitem", "int-array-2d", lambda x: x[np.array([[0, 1], [1, 1]]), 2], rn(3, 4))
+case("getitem", "int-array-cols-repeated", lambda x: x[:, [3, 0, 3]], rn(3, 4))
+case("getitem", "int-array-pairs", lambda x: x[[0, 1, 2, 0], [3, 3, 0, 3]], rn(3, 4))
+case("getitem", "tensor-index", lambda x: x[ag.tensor([2, 2, 0])], rn(3, 4))
+MASK = R.random((3, 4)) > 0.4
+ROWS = np.array([True, False, True])
+case("getitem", "bool-mask", lambda x: x[MASK], rn(3, 4))
+case("getitem", "bool-rows", lambda x: x[ROWS], rn(3, 4))
+case("getitem", "bool-tensor-mask", lambda x: x[x > 0], away(3, 4))
+case("getitem", "slice-then-bool", lambda x: x[1:, ROWS[:2]], rn(3, 2))
+
+# ---- softmax -----------------------------------------------------------------------------------------------
+
+for name, f in [("softmax", ag.softmax), ("log_softmax", ag.log_softmax)]:
+    case(name, "last", lambda x, f=f: f(x), rn(3, 4))
+    case(name, "dim0", lambda x, f=f: f(x, 0), rn(3, 4))
+    case(name, "3d-dim1", lambda x, f=f: f(x, dim=1), rn(2, 3, 4))
+    case(name, "1d", lambda x, f=f: f(x, -1), rn(5))
+case("softmax", "method", lambda x: x.softmax(-1), rn(2, 3))
+case("log_softmax", "method", lambda x: x.log_softmax(0), rn(2, 3))
+case("log_softmax", "large-logits", lambda x: ag.log_softmax(x * 50.0), rn(2, 4))
+
+REQUIRED_OPS = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "pow",
+    "exp",
+    "log",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "sqrt",
+    "abs",
+    "maximum",
+    "minimum",
+    "where",
+    "matmul",
+    "sum",
+    "mean",
+    "max",
+    "reshape",
+    "transpose",
+    "permute",
+    "broadcast_to",
+    "concat",
+    "stack",
+    "getitem",
+    "softmax",
+    "log_softmax",
+}
+GG_OPS = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "pow",
+    "exp",
+    "log",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "sqrt",
+    "abs",
+    "maximum",
+    "minimum",
+    "where",
+    "matmul",
+}
+
+
+def test_table_covers_every_op() -> None:
+    ops = {c.op for c in CASES}
+    assert REQUIRED_OPS <= ops, REQUIRED_OPS - ops
+    assert GG_OPS <= {c.op for c in CASES if c.gg}
+    names = [c.name for c in CASES]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("c", CASES, ids=repr)
+async def test_gradcheck(rt: Any, c: Case) -> None:
+    with trio.fail_after(TIMEOUT):
+        await gradcheck(c.fn, c.inputs)
+
+
+@pytest.mark.parametrize("c", [c for c in CASES if c.gg], ids=repr)
+async def test_gradgradcheck(rt: Any, c: Case) -> None:
+    with trio.fail_after(TIMEOUT):
+        await gradgradcheck(c.fn, c.inputs)
+
+
+async def test_gradcheck_catches_a_wrong_rule(rt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker itself: a deliberately wrong backward rule must fail it."""
+    op = ag.OPS["tanh"]
+    monkeypatch.setattr(op, "rule", lambda xp, g, args, out, kw, needs: (g * (1 - out),))
+    with pytest.raises(AssertionError, match="analytic vs numeric gradient of input 0"):
+        await gradcheck(ag.tanh, [rn(3)])
+
+
+# ---- meta vs result, inline path vs queued path ------------------------------------------------------------
+
+
+class KernelSpy:
+    """Wraps every op's kernel: checks the op's meta against what the kernel really returned, and records
+    on which thread each kernel ran."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.mismatches: list[str] = []
+        self.threads: list[tuple[str, int]] = []
+        for op in ag.OPS.values():
+            monkeypatch.setattr(op, "kernel", self._wrap(op, op.kernel, op.meta))
+
+    def _wrap(self, op: Any, kernel: Any, meta: Any) -> Any:
+        def spy(*arrays: Any, **kw: Any) -> Any:
+            res = kernel(*arrays, **kw)
+            self.threads.append((op.name, threading.get_ident()))
+            targs = [
+                ag.Tensor._wrap(np.asarray(a), None) if isinstance(a, (np.ndarray, np.generic)) else a
+                for a in arrays
+            ]
+            shape, dtype = meta(*targs, **kw)
+            real = np.asarray(res)
+            if tuple(shape) != real.shape or np.dtype(dtype) != real.dtype:
+                self.mismatches.append(
+                    f"{op.name}: meta says {tuple(shape)} {np.dtype(dtype)}, "
+                    f"kernel gave {real.shape} {real.dtype}"
+                )
+            return res
+
+        return spy
+
+
+async def _run(c: Case, inputs: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray], tuple[Any, Any]]:
+    leaves = [ag.tensor(a, requires_grad=True) for a in inputs]
+    out = c.fn(*leaves)
+    predicted = (out.shape, out.dtype)  # known before the value (meta)
+    w = np.random.default_rng(7).standard_normal(out.shape)
+    with trio.fail_after(TIMEOUT):
+        grads = await ag.grad((out * ag.tensor(w)).sum(), leaves, allow_unused=True)
+        await out.ready()
+    value = out.numpy()
+    assert predicted == (value.shape, value.dtype), (predicted, value.shape, value.dtype)
+    gs = []
+    for g, a in zip(grads, inputs):
+        ga = np.zeros_like(a) if g is None else g.numpy()
+        assert ga.shape == a.shape and ga.dtype == a.dtype
+        gs.append(ga)
+    return value, gs, predicted
+
+
+def _assert_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    np.testing.assert_array_equal(a[0], b[0])
+    for x, y in zip(a[1], b[1]):
+        np.testing.assert_array_equal(x, y)
+    assert a[2] == b[2]
+
+
+@pytest.mark.parametrize("c", CASES, ids=repr)
+async def test_meta_inline_and_queued_agree(rt: Any, c: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = KernelSpy(monkeypatch)
+    main = threading.get_ident()
+    set_inline_limit(monkeypatch, 1 << 40)
+    inline = await _run(c, c.inputs)
+    assert spy.threads and all(t == main for _, t in spy.threads), "inline path ran a kernel on a lane"
+    spy.threads.clear()
+    set_inline_limit(monkeypatch, -1)
+    queued = await _run(c, c.inputs)
+    assert spy.threads and all(t != main for _, t in spy.threads), "queued path ran a kernel inline"
+    assert not spy.mismatches, spy.mismatches
+    _assert_same(inline, queued)
+
+
+BIG = 72  # BIG * BIG > INLINE_MAX_ELEMENTS
+BIG_CASES = [
+    Case("add", "add", lambda a, b: a + b, [rn(BIG, BIG), rn(BIG)]),
+    Case("mul", "mul-scalar", lambda a: a * 2.0, [rn(BIG, BIG)]),
+    Case("div", "div", lambda a, b: a / b, [rn(BIG, BIG), away(BIG, 1)]),
+    Case("pow", "pow", lambda a: a**3, [rn(BIG, BIG)]),
+    Case("exp", "exp-log-sqrt", lambda a: ag.sqrt(ag.log(ag.exp(a) + 1.0)), [rn(BIG, BIG)]),
+    Case("tanh", "tanh-sigmoid", lambda a: ag.tanh(a) * ag.sigmoid(a), [rn(BIG, BIG)]),
+    Case("relu", "relu-abs", lambda a: ag.relu(a) + ag.abs(a), [away(BIG, BIG)]),
+    Case("maximum", "maximum", ag.maximum, [grid(BIG, BIG), grid(BIG, off=0.05)]),
+    Case("where", "where", lambda a, b: ag.where(a > 0, a, b), [away(BIG, BIG), rn(BIG, BIG)]),
+    Case("matmul", "matmul", lambda a, b: a @ b, [rn(BIG, BIG), rn(BIG, BIG)]),
+    Case("matmul", "batched", lambda a, b: a @ b, [rn(2, BIG, 40), rn(40, BIG)]),
+    Case("sum", "sum-dim", lambda a: a.sum(0) * a.mean(1), [rn(BIG, BIG)]),
+    Case("max", "max-dim", lambda a: ag.max(a, 1, keepdim=True).values * a, [distinct(BIG, BIG)]),
+    Case("softmax", "softmax", lambda a: ag.softmax(a, 0) + ag.log_softmax(a), [rn(BIG, BIG)]),
+    Case("reshape", "reshape-T", lambda a: a.T.reshape(BIG * 8, BIG // 8) * 1.0, [rn(BIG, BIG)]),
+    Case("permute", "permute", lambda a: ag.permute(a, (1, 2, 0)) * 1.0, [rn(2, BIG, BIG)]),
+    Case("broadcast_to", "bcast", lambda a: ag.broadcast_to(a, (BIG, BIG)) * 1.0, [rn(BIG)]),
+    Case(
+        "concat",
+        "concat-stack",
+        lambda a, b: ag.concat([a, b]) + ag.stack([a, b]).sum(0)[:1],
+        [rn(BIG, BIG), rn(BIG, BIG)],
+    ),
+    Case("getitem", "index", lambda a: a[[0, 3, 3, 5] * 1100] * 1.0, [rn(8, 2)]),
+    Case("getitem", "mask", lambda a: a[a > 0] * 1.0, [away(BIG, BIG)]),
+]
+
+
+@pytest.mark.parametrize("c", BIG_CASES, ids=repr)
+async def test_large_inputs_go_to_lanes(rt: Any, c: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the default threshold, outputs above INLINE_MAX_ELEMENTS are computed on worker lanes; the
+    values and gradients equal those of the inline path bit for bit."""
+    spy = KernelSpy(monkeypatch)
+    main = threading.get_ident()
+    queued = await _run(c, c.inputs)
+    big = [t for name, t in spy.threads if name != "astype"]
+    assert any(t != main for t in big), "no kernel ran on a lane"
+    assert queued[0].size > INLINE_MAX_ELEMENTS or any(a.size > INLINE_MAX_ELEMENTS for a in c.inputs)
+    set_inline_limit(monkeypatch, 1 << 40)
+    inline = await _run(c, c.inputs)
+    assert not spy.mismatches, spy.mismatches
+    _assert_same(inline, queued)
+
+
+async def test_gradgradcheck_catches_a_detached_rule(rt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that is right to first order but cuts the graph (uses a plain value) fails gradgradcheck."""
+    op = ag.OPS["tanh"]
+    monkeypatch.setattr(
+        op, "rule", lambda xp, g, args, out, kw, needs: (g * (1 - xp.const(xp.value(out) ** 2, g)),)
+    )
+    await gradcheck(ag.tanh, [rn(3)])
+    with pytest.raises(AssertionError, match="gradgradcheck: analytic vs numeric gradient of input 0"):
+        await gradgradcheck(ag.tanh, [rn(3)])
