@@ -18,4 +18,4 @@ from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
 
 __version__ = "0.1.0"
-__all__ = [*_runtime_all, "nn", "optim"]
+__all__ = [*_runtime_all, "hosting", "nn", "optim"]

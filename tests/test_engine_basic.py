@@ -333,11 +333,6 @@ async def test_function_with_constants_and_needs_input_grad(rt: Any) -> None:
     assert Scale.seen["backward"] == (True, False, False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Function.apply fills ctx.needs_input_grad only after forward returns (FunctionNode.__init__); "
-    "PyTorch sets it before forward, where it is commonly read",
-)
 async def test_function_needs_input_grad_in_forward(rt: Any) -> None:
     Scale.seen = {}
     Scale.apply(leaf([1.0, 2.0]), 3.0, ag.tensor(np.array([1.0, 1.0])))

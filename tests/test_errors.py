@@ -190,11 +190,6 @@ async def test_backward_on_non_scalar_without_gradient(rt: Any) -> None:
     np.testing.assert_array_equal(x.grad.numpy(), [4.0, 4.0, 4.0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_autograd._root_grads tells ag.grad callers to 'pass gradient= ... to backward()'; for grad() "
-    "the argument is grad_outputs=",
-)
 async def test_grad_on_non_scalar_without_grad_outputs(rt: Any) -> None:
     x = t(3, rg=True)
     msg = (
@@ -290,26 +285,17 @@ def _tensors_from_a_closed_runtime() -> dict[str, ag.Tensor]:
     return out
 
 
-OP_OUTSIDE = (
-    "an op on a tensor whose runtime is closed (or with no runtime open) runs silently on the inline path: "
-    "_dispatch.apply/apply1/apply2 never look up the current runtime"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=OP_OUTSIDE)
 async def test_op_after_the_runtime_closed() -> None:
     async with ag.open_runtime():
         x = t(3, 4)
     raises_exactly(ag.NoRuntimeError, NO_RUNTIME.format(what="add"), lambda: x + 1.0)
 
 
-@pytest.mark.xfail(strict=True, reason=OP_OUTSIDE)
 async def test_op_in_another_trio_run_without_a_runtime() -> None:
     ts = await trio.to_thread.run_sync(_tensors_from_a_closed_runtime)
     raises_exactly(ag.NoRuntimeError, NO_RUNTIME.format(what="mul"), lambda: ts["small"] * 2.0)
 
 
-@pytest.mark.xfail(strict=True, reason=OP_OUTSIDE)
 def test_op_outside_trio() -> None:
     ts = _tensors_from_a_closed_runtime()
     raises_exactly(ag.NoRuntimeError, NO_RUNTIME.format(what="mul"), lambda: ts["small"] * 2.0)
@@ -420,12 +406,6 @@ async def test_failed_tensor_hook_message(rt: Any) -> None:
     assert x.grad is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="node pre-/post-hook results are not checked (count, type, shape) the way tensor hook results "
-    "are: a post-hook returning a non-Tensor crashes the LeafOwner with AttributeError, extra values "
-    "are ignored silently, a wrongly shaped (broadcastable) gradient fails later in the rule",
-)
 @pytest.mark.parametrize("kind", ["post-count", "post-type", "pre-count", "pre-shape"])
 async def test_bad_node_hook_result_is_a_backward_error(rt: Any, kind: str) -> None:
     x = t(2, rg=True)

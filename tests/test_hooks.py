@@ -256,12 +256,6 @@ async def test_removed_hook_of_trained_leaf_is_collectable_after_the_next_pass(r
     assert marker_ref() is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RemovableHandle.remove() on a leaf that has a LeafOwner only queues a RemoveHook message "
-    "(_registry.remove_leaf_hook): until the owner actor runs, the hook and its closure stay referenced "
-    "and repr(handle) says 'active'",
-)
 @pytest.mark.parametrize("kind", ["tensor", "post_accumulate"])
 async def test_removed_hook_of_trained_leaf_is_collectable_at_once(rt: Any, kind: str) -> None:
     """PyTorch semantics: after ``h.remove(); del fn; gc.collect()`` nothing keeps the hook alive."""
@@ -331,11 +325,6 @@ async def test_retain_grad_sees_tensor_hook_result(rt: Any) -> None:
     np.testing.assert_array_equal(x.grad.numpy(), [4.0, 4.0, 4.0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GraphTask._pre runs node pre-hooks before retain_grad; PyTorch runs retains_grad hooks right "
-    "after the tensor pre-hooks, before node pre-hooks (engine.cpp call_tensor_pre_hooks)",
-)
 async def test_retain_grad_runs_before_node_prehooks(rt: Any) -> None:
     x = leaf(3)
     y = x * 2.0
@@ -347,11 +336,6 @@ async def test_retain_grad_runs_before_node_prehooks(rt: Any) -> None:
     np.testing.assert_array_equal(y.grad.numpy(), [1.0, 1.0, 1.0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_autograd._backward assigns a retained non-leaf grad (t._grad = g) instead of accumulating; "
-    "PyTorch's retains_grad hook accumulates (grad = grad + new) across backward calls",
-)
 async def test_retain_grad_accumulates_like_pytorch(rt: Any) -> None:
     """retain_graph + a second backward: a retained non-leaf grad accumulates (PyTorch does too)."""
     x = leaf(2)

@@ -141,8 +141,9 @@ class CPUDevice(Device):
 
     type = "cpu"
 
-    def __init__(self, index: int = 0, *, lanes: int | None = None) -> None:
+    def __init__(self, index: int = 0, *, lanes: int | None = None, blas_threads: int | None = None) -> None:
         super().__init__(index)
+        self._blas_threads = blas_threads
         n = lanes if lanes is not None else (os.cpu_count() or 1)
         if n < 1:
             raise ValueError(f"a CPU device needs at least one lane, got lanes={n}")
@@ -168,7 +169,7 @@ class CPUDevice(Device):
         return s
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        self._lanes = [Lane(str(self), i) for i in range(self._lane_count)]
+        self._lanes = [Lane(str(self), i, self._blas_threads) for i in range(self._lane_count)]
         cancelled = True
         try:
             await super().run(task_status=task_status)

@@ -41,8 +41,9 @@ class StreamStatistics:
 class Lane:
     """A worker thread that runs the jobs of the streams bound to it, in FIFO order."""
 
-    def __init__(self, device_name: str, index: int) -> None:
+    def __init__(self, device_name: str, index: int, blas_threads: int | None = None) -> None:
         self.index = index
+        self._blas_threads = blas_threads
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.streams_bound = 0
         self._discard = False  # set on shutdown: queued jobs are skipped, not run
@@ -55,6 +56,8 @@ class Lane:
         self._queue.put(item)
 
     def _main(self) -> None:
+        if self._blas_threads is not None:
+            _limit_blas_in_this_thread(self._blas_threads)
         get = self._queue.get
         while True:
             item = get()
@@ -83,6 +86,19 @@ class Lane:
     @property
     def thread(self) -> threading.Thread:
         return self._thread
+
+
+def _limit_blas_in_this_thread(n: int) -> None:
+    """Set BLAS threads from the lane itself: OpenBLAS keeps a per-thread setting when one is set from a
+    non-main thread, so a process-wide limit alone does not reach lanes of runtimes opened in threads."""
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        for lib in ThreadpoolController().lib_controllers:
+            if lib.user_api == "blas":
+                lib.set_num_threads(n)
+    except Exception:  # no threadpoolctl or no BLAS: nothing to limit
+        pass
 
 
 class Stream:

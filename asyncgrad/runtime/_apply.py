@@ -75,10 +75,17 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
 
     def job() -> None:
         arrays = [a._data if isinstance(a, Tensor) else a for a in args]
-        gs = run_rule(view, NP, g._data, arrays, None if out is None else out._data)
+        gd = g._data
+        gs = run_rule(view, NP, gd, arrays, None if out is None else out._data)
+        seen: list[Any] = [gd, *arrays]
         for r, x in zip(results, gs):
             if r is not None:
                 r._data = x
+                # a rule may hand back the incoming grad or one array for two inputs: such an array
+                # has other owners, so accumulation must not steal it
+                if any(x is y for y in seen):
+                    r._aliased = True
+                seen.append(x)
 
     seq = stream.submit(job)
     for r in results:

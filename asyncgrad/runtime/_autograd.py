@@ -62,9 +62,10 @@ def _root_grads(what: str, outputs: Sequence[Any], grads: Sequence[Any] | None) 
         g = None if grads is None else grads[i]
         if g is None:
             if t.numel() != 1:
+                arg = "gradient=" if what == "backward" else "grad_outputs="
                 raise RuntimeError(
                     f"{what}: grad can be implicitly created only for scalar outputs, but the output has "
-                    f"shape {t._shape}; pass gradient= (a tensor of shape {t._shape}) to backward()"
+                    f"shape {t._shape}; pass {arg} (a tensor of shape {t._shape}) to {what}()"
                 )
             g = Tensor._wrap(np.ones(t._shape, dtype=t._dtype), t._dev)
         elif not isinstance(g, Tensor):
@@ -197,7 +198,8 @@ async def _backward(
                 rt, task.stream, staged, commit=True, create_graph=create, task_id=next(_task_ids)
             )
             for t, g in task.retained:
-                t._grad = g if create else g.detach()
+                g = g if create else g.detach()
+                t._grad = g if t._grad is None else t._grad + g
         finally:
             rt.graph_tasks_finished += 1
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..devices import INLINE_MAX_ELEMENTS, Stream
 from . import _grad_mode
-from ._runtime import current_stream
+from ._runtime import _NO_RUNTIME, NoRuntimeError, _current, current_stream
 
 Rule = Callable[..., tuple[Any, ...]]
 EMPTY: dict[str, Any] = {}
@@ -106,10 +106,15 @@ class Node:
     def __repr__(self) -> str:
         return f"<{self.name()} object>"
 
+    def tensor_positions(self) -> list[int]:
+        """Which inputs are tensors (hooks and `next_functions` leave out Python numbers, like PyTorch)."""
+        return list(range(len(self.next)))
+
     @property
     def next_functions(self) -> tuple[tuple[Any, int], ...]:
         out: list[tuple[Any, int]] = []
-        for e in self.next:
+        nxt = self.next
+        for e in (nxt[i] for i in self.tensor_positions()):
             if e is None:
                 out.append((None, 0))
             elif isinstance(e[0], Node):
@@ -190,6 +195,12 @@ class OpNode(Node):
     def name(self) -> str:
         return f"{_camel(self.op.name)}Backward"
 
+    def tensor_positions(self) -> list[int]:
+        # a released node no longer has its args; then every edge that exists counts
+        if self.args is None:
+            return [i for i, e in enumerate(self.next) if e is not None]
+        return [i for i, a in enumerate(self.args) if isinstance(a, Tensor)]
+
     def release(self) -> None:
         """Drop saved values (backward without retain_graph)."""
         self.args = None
@@ -221,8 +232,15 @@ def _camel(name: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in name.split("_"))
 
 
+def _no_runtime(op: Op) -> None:
+    raise NoRuntimeError(_NO_RUNTIME.format(what=op.name))
+
+
 def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
     """Run ``op`` on ``args``: inline when tiny and its inputs are ready, else queued on the task's stream."""
+    rt = _current.get()
+    if rt is None or rt.closed:
+        _no_runtime(op)
     T = Tensor
     dev = None
     ready = True
@@ -263,6 +281,9 @@ _SCALARS = (int, float, bool)
 
 def apply1(op: Op, a: Any) -> Any:
     """`apply` for a unary elementwise op (the hot path of small graphs)."""
+    rt = _current.get()
+    if rt is None or rt.closed:
+        _no_runtime(op)
     s = a._stream
     data = a._data
     if (s is None or s._completed >= a._seq) and data.size <= INLINE_MAX_ELEMENTS:
@@ -280,6 +301,9 @@ def apply1(op: Op, a: Any) -> Any:
 
 def apply2(op: Op, a: Any, b: Any) -> Any:
     """`apply` for a binary elementwise op: inline when both operands are ready, small and same-shaped."""
+    rt = _current.get()
+    if rt is None or rt.closed:
+        _no_runtime(op)
     T = Tensor
     if type(a) is T:
         if type(b) is T:

@@ -43,8 +43,8 @@ RETAIN_MSG = (
 class GraphTask:
     """The state of one backward pass; owned by the trio task that runs it and shared with nobody."""
 
-    __slots__ = ("capture", "create_graph", "parent", "retain_graph", "retained", "staged", "stream",
-                 "streams", "targets")
+    __slots__ = ("capture", "create_graph", "parent", "retain_graph", "retained", "staged", "start_seq",
+                 "stream", "streams", "targets")
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class GraphTask:
         self.staged: dict[int, list[Any]] = {}  # id(leaf) -> [leaf, summed grad]
         self.retained: list[tuple[Tensor, Tensor]] = []
         self.streams: set[Stream] = {stream}
+        self.start_seq = stream._submitted
 
     def _discover(self, roots: list[tuple[Any, int]]) -> tuple[dict[Node, int], set[Node] | None]:
         deps: dict[Node, int] = {}
@@ -117,8 +118,9 @@ class GraphTask:
         finally:
             if hold.held:
                 hold.release()
-        for st in self.streams:
-            await st.synchronize()
+        # let the caller run at most one pass ahead of its stream: wait for the work queued before this
+        # pass, not for the pass's own kernels (they overlap with whatever the caller records next)
+        await self.stream.synchronize(self.start_seq)
 
     async def _loop(self, heap: list[Any], buffers: dict[Node, list[Any]], deps: dict[Node, int],
                     runs: set[Node] | None, lock: _DeviceHold) -> None:
@@ -206,16 +208,16 @@ class GraphTask:
                     r = call_hook(fn, node, gouts[nr])
                     if r is not None:
                         gouts[nr] = check_hook_grad(node, gouts[nr], r)
-        if node._pre_hooks:
-            for fn in list(node._pre_hooks.values()):
-                r = call_hook(fn, node, tuple(gouts))
-                if r is not None:
-                    gouts = list(r)
         if node._retained:
             for nr, ref in node._retained.items():
                 t = ref()
                 if t is not None and gouts[nr] is not None:
                     self.retained.append((t, gouts[nr]))
+        if node._pre_hooks:
+            for fn in list(node._pre_hooks.values()):
+                r = call_hook(fn, node, tuple(gouts))
+                if r is not None:
+                    gouts = check_hook_grads(node, "pre-hook", gouts, r)
         if self.targets is not None:
             for nr in range(len(gouts)):
                 if (node, nr) in self.targets and gouts[nr] is not None:
@@ -296,6 +298,10 @@ def check_hook_grad(node: Node | None, old: Tensor, new: Any) -> Tensor:
 
 
 def _run_post_hooks(node: Node, gins: list[Any], gouts: list[Any]) -> list[Any]:
+    # hooks see one gradient per tensor input, as in PyTorch (Python numbers are not inputs there)
+    pos = node.tensor_positions()
+    full = gins
+    gins = [full[i] for i in pos]
     for fn in list(node._post_hooks.values()):
         try:
             r = fn(tuple(gins), tuple(gouts))
@@ -304,5 +310,28 @@ def _run_post_hooks(node: Node, gins: list[Any], gouts: list[Any]) -> list[Any]:
         except Exception as e:
             raise BackwardError(f"exception in a hook on {node.name()}: {type(e).__name__}: {e}") from e
         if r is not None:
-            gins = list(r)
-    return gins
+            gins = check_hook_grads(node, "hook", gins, r)
+    full = list(full)
+    for i, g in zip(pos, gins):
+        full[i] = g
+    return full
+
+
+def check_hook_grads(node: Node, kind: str, old: list[Any], new: Any) -> list[Any]:
+    """A node hook must return one Tensor (or None) per gradient, each of the old one's shape."""
+    new = list(new) if isinstance(new, (tuple, list)) else [new]
+    if len(new) != len(old):
+        raise BackwardError(
+            f"a {kind} on {node.name()} returned {len(new)} gradients, expected {len(old)}"
+        )
+    for o, n in zip(old, new):
+        if n is None:
+            continue
+        if not isinstance(n, Tensor) or (o is not None and n._shape != o._shape):
+            got = n._shape if isinstance(n, Tensor) else type(n).__name__
+            want = o._shape if o is not None else "a Tensor"
+            raise BackwardError(
+                f"a {kind} on {node.name()} returned {got} where a gradient of shape {want} was expected; "
+                "return None or Tensors of the same shapes"
+            )
+    return new

@@ -75,6 +75,9 @@ class FunctionNode(Node):
     def name(self) -> str:
         return f"{self.fn_cls.__name__}Backward"
 
+    def tensor_positions(self) -> list[int]:
+        return [i for i, shape in enumerate(self.in_shapes) if shape is not None]
+
     def release(self) -> None:
         self._released = True
         self.ctx._freed = True
@@ -131,6 +134,7 @@ class Function(metaclass=_FunctionMeta):
     def apply(cls, *args: Any) -> Any:
         """Run `forward` without recording its inside, and record one node for the whole call."""
         ctx = FunctionCtx()
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a._rg for a in args)
         with _grad_mode.no_grad():
             result = cls.forward(ctx, *args)
         single = not isinstance(result, tuple)

@@ -51,32 +51,75 @@ def empty_like_contract(param: np.ndarray) -> np.ndarray:
 
 
 def accumulate(rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool) -> None:
-    """Fold gradient ``g`` into ``leaf.grad`` following the layout contract (see module docstring)."""
+    """Fold gradient ``g`` into ``leaf.grad`` following the layout contract (see module docstring).
+
+    ``unique``: nobody but the caller holds ``g`` (so its buffer may be stolen if its layout obeys).
+    When ``g`` is still being computed, the steal-or-copy decision runs as a kernel on the stream, so the
+    backward pass never waits for its kernels.
+    """
     from ._inplace import inplace
     from ._tensor import Tensor
 
     old = leaf._grad
-    param = leaf._value()
     if old is None:
-        garr = g._value()
-        if unique and obeys_contract(garr, param) and (create_graph or g._grad_fn is None):
-            leaf._grad = g
-            rt.grads_stolen += 1
-            return
         if create_graph and g._rg:
-            from ._ops_elementwise import copy_to_layout
+            param = leaf._value()
+            if unique and obeys_contract(g._value(), param):
+                leaf._grad = g
+                rt.grads_stolen += 1
+            else:
+                from ._ops_elementwise import copy_to_layout
 
-            leaf._grad = copy_to_layout(g, param)
-        else:
-            buf = Tensor._wrap(empty_like_contract(param), leaf._dev)
-            leaf._grad = inplace(buf, np.copyto, g)
-        rt.grads_copied += 1
+                leaf._grad = copy_to_layout(g, param)
+                rt.grads_copied += 1
+            return
+        if _is_ready(g) and _is_ready(leaf):
+            garr, param = g._value(), leaf._value()
+            if unique and obeys_contract(garr, param):
+                leaf._grad = g if g._grad_fn is None else Tensor._wrap(garr, g._dev)
+                rt.grads_stolen += 1
+            else:
+                buf = Tensor._wrap(empty_like_contract(param), leaf._dev)
+                leaf._grad = inplace(buf, np.copyto, g)
+                rt.grads_copied += 1
+            return
+        leaf._grad = _steal_or_copy_queued(rt, leaf, g, unique)
         return
     if create_graph or _grad_mode.is_grad_enabled() and g._rg:
         leaf._grad = old + g
     else:
         inplace(old, _add_into, g)
     rt.grads_accumulated += 1
+
+
+def _is_ready(t: Any) -> bool:
+    s = t._stream
+    return t._data is not None and (s is None or s._completed >= t._seq)
+
+
+def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool) -> Any:
+    from ._dispatch import wait_for
+    from ._runtime import current_stream
+    from ._tensor import Tensor
+
+    stream = current_stream(leaf._dev)
+    wait_for(g, stream)
+    wait_for(leaf, stream)
+    out = Tensor._pending(leaf._shape, leaf._dtype, leaf._dev, stream)
+
+    def job() -> None:
+        garr, param = g._data, leaf._data
+        if unique and garr.base is None and obeys_contract(garr, param):
+            out._data = garr
+            rt.grads_stolen += 1
+        else:
+            buf = empty_like_contract(param)
+            np.copyto(buf, garr)
+            out._data = buf
+            rt.grads_copied += 1
+
+    out._seq = stream.submit(job)
+    return out
 
 
 def _add_into(a: np.ndarray, b: np.ndarray) -> None:

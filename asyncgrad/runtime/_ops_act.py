@@ -22,13 +22,22 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _K = math.sqrt(2.0 / math.pi)
 _C = 0.044715
 
-try:  # scipy's erf is exact to the last ulp and vectorised; scipy ships with scikit-learn
-    from scipy.special import erf as _erf
-except ImportError:  # pragma: no cover - exercised only without scipy
-    _erf_scalar = np.frompyfunc(math.erf, 1, 1)
+_erf_impl: Any = None
 
-    def _erf(x: np.ndarray) -> np.ndarray:
-        return np.asarray(_erf_scalar(x), dtype=np.result_type(x, np.float32))
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """Vectorised erf: scipy's (exact to the last ulp) when installed, imported on first use only
+    (importing scipy costs ~0.5 s and ~20 MB, too much for `import asyncgrad`)."""
+    global _erf_impl
+    if _erf_impl is None:
+        try:
+            from scipy.special import erf as scipy_erf
+
+            _erf_impl = scipy_erf
+        except ImportError:  # pragma: no cover - exercised only without scipy
+            scalar = np.frompyfunc(math.erf, 1, 1)
+            _erf_impl = lambda v: np.asarray(scalar(v), dtype=np.result_type(v, np.float32))  # noqa: E731
+    return _erf_impl(x)  # type: ignore[no-any-return]
 
 
 def _check(approximate: str) -> None:

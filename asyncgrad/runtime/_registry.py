@@ -120,12 +120,14 @@ class LeafOwner(Actor):
             # a gradient may be stolen only if nobody else holds it: here the references are the local
             # `g` and getrefcount's argument; its array is held by g alone (its base by the array alone)
             arr = g._data
-            unique = (
-                sys.getrefcount(g) == 2
-                and arr is not None
-                and sys.getrefcount(arr) == 3
-                and (arr.base is None or sys.getrefcount(arr.base) == 2)
-            )
+            if arr is not None:
+                unique = (
+                    sys.getrefcount(g) == 2
+                    and sys.getrefcount(arr) == 3
+                    and (arr.base is None or sys.getrefcount(arr.base) == 2)
+                )
+            else:  # still computing: the kernel that makes it marked it if its array is shared
+                unique = sys.getrefcount(g) == 2 and not g.__dict__.get("_aliased", False)
             del arr
             accumulate(self._rt, leaf, g, msg.create_graph, unique)
             if leaf._post_hooks:
@@ -233,7 +235,7 @@ def register_leaf_hook(leaf: Any, table: HookTable, hook_id: int, fn: Any) -> No
     if owner is None or owner.closed:
         table[hook_id] = fn
     else:
-        owner.send_nowait(AddHook(table, hook_id, fn))
+        _tell(owner, AddHook(table, hook_id, fn))
 
 
 def remove_leaf_hook(leaf: Any, table: HookTable, hook_id: int) -> None:
@@ -241,4 +243,13 @@ def remove_leaf_hook(leaf: Any, table: HookTable, hook_id: int) -> None:
     if owner is None or owner.closed:
         table.pop(hook_id, None)
     else:
-        owner.send_nowait(RemoveHook(table, hook_id))
+        _tell(owner, RemoveHook(table, hook_id))
+
+
+def _tell(owner: LeafOwner, msg: Any) -> None:
+    # an idle owner applies it at once (so a removed hook is gone when remove() returns); a busy one
+    # applies it right after the messages already queued
+    try:
+        owner.call_nowait(msg)
+    except trio.WouldBlock:
+        owner.send_nowait(msg)

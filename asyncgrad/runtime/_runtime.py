@@ -61,14 +61,16 @@ class _BlasLimit:
     @classmethod
     def acquire(cls, threads: int) -> int | None:
         with cls._lock:
-            if cls._count == 0:
+            if cls._count == 0 and cls.threads != threads:
                 try:
                     from threadpoolctl import threadpool_limits
 
-                    cls._limiter = threadpool_limits(limits=threads, user_api="blas")
+                    limiter = threadpool_limits(limits=threads, user_api="blas")
+                    if cls._limiter is None:
+                        cls._limiter = limiter  # remembers the process's original limits
                     cls.threads = threads
                 except Exception:  # threadpoolctl missing or no BLAS found: nothing to limit
-                    cls._limiter, cls.threads = None, None
+                    cls.threads = None
             cls._count += 1
             return cls.threads
 
@@ -76,9 +78,16 @@ class _BlasLimit:
     def release(cls) -> None:
         with cls._lock:
             cls._count -= 1
-            if cls._count == 0 and cls._limiter is not None:
+            # OpenBLAS ignores a limit set from a non-main thread after a restore, so runtimes closing
+            # in other threads leave the limit in place for the next runtime (measured in W3)
+            if (
+                cls._count == 0
+                and cls._limiter is not None
+                and threading.current_thread() is threading.main_thread()
+            ):
                 cls._limiter.restore_original_limits()
                 cls._limiter = None
+                cls.threads = None
 
 
 class _TaskStreams:
@@ -107,14 +116,16 @@ class Runtime:
     def __init__(self, *, lanes: int | None, cpu_devices: int, blas_threads: int | None) -> None:
         cores = os.cpu_count() or 1
         self.lanes = lanes if lanes is not None else cores
+        if self.lanes < 1:
+            raise ValueError(f"a CPU device needs at least one lane, got lanes={self.lanes}")
+        # one BLAS thread per lane keeps lanes * blas_threads <= cores: no oversubscription
+        self._blas_request = blas_threads if blas_threads is not None else max(1, cores // self.lanes)
         self.devices: dict[str, Device] = {}
         for i in range(cpu_devices):
-            d = CPUDevice(i, lanes=self.lanes)
+            d = CPUDevice(i, lanes=self.lanes, blas_threads=self._blas_request)
             self.devices[f"cpu:{i}"] = d
         self.devices["cpu"] = self.devices["cpu:0"]
         self.cpu: Device = self.devices["cpu"]
-        # one BLAS thread per lane keeps lanes * blas_threads <= cores: no oversubscription
-        self._blas_request = blas_threads if blas_threads is not None else max(1, cores // self.lanes)
         self.blas_threads: int | None = None
         self.graph_tasks_started = 0
         self.graph_tasks_finished = 0

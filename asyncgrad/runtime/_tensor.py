@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -315,18 +315,21 @@ class Tensor:
 
     # ---- autograd --------------------------------------------------------------------------------
 
-    async def backward(
+    def backward(
         self,
         gradient: Tensor | None = None,
         *,
         retain_graph: bool | None = None,
         create_graph: bool = False,
         inputs: Sequence[Tensor] | Tensor | None = None,
-    ) -> None:
-        """Accumulate the gradient of this tensor into the `.grad` of the leaves (await it)."""
+    ) -> Awaitable[None]:
+        """Accumulate the gradient of this tensor into the `.grad` of the leaves: ``await t.backward()``.
+
+        Argument checks happen at the call; the returned awaitable runs the pass.
+        """
         from ._autograd import backward
 
-        await backward(
+        return backward(  # type: ignore[no-any-return]
             [self],
             None if gradient is None else [gradient],
             retain_graph=retain_graph,
