@@ -115,19 +115,17 @@ def run_rule(node: Any, xp: Any, g: Any, arrays: list[Any], out: Any) -> list[An
             f"backward rule of {op.name} returned {len(gs)} gradients, expected {len(arrays)} (one per input)"
         )
     res: list[Any] = []
-    for i, x in enumerate(gs):
-        if not needs[i]:
+    for x, need, a in zip(gs, needs, arrays):
+        if not need:
             res.append(None)
             continue
-        a = arrays[i]
         if x is None:
-            raise RuntimeError(f"backward rule of {op.name} returned no gradient for input {i}")
-        shape = a.shape
-        if x.shape != shape:
+            raise RuntimeError(f"backward rule of {op.name} returned no gradient for input {len(res)}")
+        if x.shape != a.shape:
             try:
-                x = sum_to(xp, x, tuple(shape))
+                x = sum_to(xp, x, tuple(a.shape))
             except ValueError as e:
-                raise RuntimeError(f"backward rule of {op.name}, input {i}: {e}") from None
+                raise RuntimeError(f"backward rule of {op.name}, input {len(res)}: {e}") from None
         if x.dtype != a.dtype:
             x = xp.astype(x, a.dtype)
         res.append(x)

@@ -81,12 +81,30 @@ def _root_grads(what: str, outputs: Sequence[Any], grads: Sequence[Any] | None) 
 
 
 class _Box:
-    __slots__ = ("cancelled", "error", "scope")
+    """A pass running in its own task: how to cancel it, and how it ended."""
+
+    __slots__ = ("cancelled", "children", "error", "ok", "scope")
 
     def __init__(self) -> None:
         self.scope: trio.CancelScope | None = None
         self.error: BaseException | None = None
         self.cancelled = False
+        self.ok = False
+        self.children: list[_Box] = []  # nested passes started by this pass's backward functions
+
+    def cancel_tree(self) -> None:
+        """Cancel this pass and every pass nested in it at once (not one level per scheduler batch)."""
+        stack = [self]
+        while stack:
+            box = stack.pop()
+            box.cancelled = True
+            if box.scope is not None:
+                box.scope.cancel()
+            stack.extend(box.children)
+
+
+# the pass running in this task, so passes nested in it can be cancelled together with it
+_current_box: contextvars.ContextVar[_Box | None] = contextvars.ContextVar("asyncgrad_pass_box", default=None)
 
 
 async def _in_own_task(rt: Runtime, body: Any) -> None:
@@ -98,16 +116,27 @@ async def _in_own_task(rt: Runtime, body: Any) -> None:
     if current_graph_task.get() is None:
         # like any trio async function, a pass is a checkpoint even when all its work ran inline
         await trio.lowlevel.checkpoint_if_cancelled()
+        root = _Box()
+        token = _current_box.set(root)
         try:
             await body()
+        except trio.Cancelled:
+            root.cancel_tree()
+            raise
         finally:
             current_graph_task.set(None)
+            _current_box.reset(token)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return
     current_stream(rt.cpu)  # make sure the caller has its streams, to lend them to the pass
     caller_streams = _task_streams.get()
     done = trio.Event()
     box = _Box()
+    parent = _current_box.get()
+    if parent is not None:
+        parent.children.append(box)
+        if parent.cancelled:
+            box.cancelled = True
 
     async def task_main() -> None:
         try:
@@ -116,10 +145,14 @@ async def _in_own_task(rt: Runtime, body: Any) -> None:
             ts = _TaskStreams(trio.lowlevel.current_task())
             ts.by_device = caller_streams.by_device  # type: ignore[union-attr]
             _task_streams.set(ts)
+            _current_box.set(box)
             with trio.CancelScope() as cs:
                 box.scope = cs
+                if box.cancelled:
+                    cs.cancel()
                 try:
                     await body()
+                    box.ok = True
                 except Exception as e:
                     box.error = e
         finally:
@@ -129,14 +162,20 @@ async def _in_own_task(rt: Runtime, body: Any) -> None:
     try:
         await done.wait()
     except trio.Cancelled:
-        box.cancelled = True
-        if box.scope is not None:
-            box.scope.cancel()
+        box.cancel_tree()
         with trio.CancelScope(shield=True):
             await done.wait()
         raise
+    finally:
+        if parent is not None:
+            parent.children.remove(box)
     if box.error is not None:
         raise box.error
+    if not box.ok:
+        # our own scope was cancelled from above (the enclosing pass is being cancelled), or the runtime
+        # is shutting down: report it as cancellation if it is one
+        await trio.lowlevel.checkpoint_if_cancelled()
+        raise RuntimeError("a nested backward pass was cancelled (its runtime is closing)")
 
 
 def _targets_of(what: str, inputs: Any) -> tuple[list[Tensor], list[Any]]:

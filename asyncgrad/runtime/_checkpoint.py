@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ._autograd import nested_grad
 from ._function import Function, FunctionCtx
-from ._grad_mode import enable_grad
+from ._grad_mode import enable_grad, is_grad_enabled
+from ._runtime import current_runtime
 from ._tensor import Tensor
 
 
@@ -58,4 +61,11 @@ def checkpoint(fn: Callable[..., Any], *args: Any) -> Any:
     """
     if not callable(fn):
         raise TypeError(f"checkpoint: fn must be callable, got {type(fn).__name__}")
+    if is_grad_enabled() and not any(isinstance(a, Tensor) and a._rg for a in args):
+        # fn may use parameters even when no input requires grad: a dummy input that does makes the
+        # node exist, so those parameters still get their gradients
+        dev = next((a._dev for a in args if isinstance(a, Tensor)), None)
+        dummy = Tensor._wrap(np.zeros((), np.float32), dev or current_runtime("checkpoint").cpu)
+        dummy._rg = True
+        return _Checkpoint.apply(lambda _d, *a: fn(*a), dummy, *args)
     return _Checkpoint.apply(fn, *args)

@@ -95,6 +95,7 @@ class Node:
     _tensor_pre_hooks: dict[int, Any] | None = None
     _retained: dict[int, Any] | None = None
     _busy: Any = None  # a trio.Event while an async backward of this node is running
+    _hooked = False  # any hook or retain_grad on this node: one flag for the engine to test
 
     def _init_node(self, stream: Stream | None) -> None:
         self.stream = stream
@@ -129,6 +130,7 @@ class Node:
 
         if self._pre_hooks is None:
             self._pre_hooks = HookTable()
+        self._hooked = True
         return add_hook(self._pre_hooks, fn)
 
     def register_hook(self, fn: Callable[..., Any]) -> Any:
@@ -137,6 +139,7 @@ class Node:
 
         if self._post_hooks is None:
             self._post_hooks = HookTable()
+        self._hooked = True
         return add_hook(self._post_hooks, fn)
 
 

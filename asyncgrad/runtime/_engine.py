@@ -126,7 +126,7 @@ class GraphTask:
                     runs: set[Node] | None, lock: _DeviceHold) -> None:
         heappop, heappush, clock = heapq.heappop, heapq.heappush, time.perf_counter
         create, release, targets = self.create_graph, not self.retain_graph, self.targets
-        streams, task_stream = self.streams, self.stream
+        task_stream = self.stream
         budget_end = clock() + TIME_BUDGET_S
         with _grad_mode.set_grad_enabled(create):
             while heap:
@@ -134,13 +134,10 @@ class GraphTask:
                 gouts = buffers.pop(node, None)
                 gins = None
                 if gouts is not None and (gouts[0] is not None or any(g is not None for g in gouts)):
-                    if node._tensor_pre_hooks or node._pre_hooks or node._retained or targets is not None:
+                    if node._hooked or targets is not None:
                         gouts = self._pre(node, gouts)
                     if runs is None or node in runs:
                         if type(node) is OpNode and not create:
-                            st = node.stream
-                            if st is not None and st not in streams:
-                                streams.add(st)
                             gins = apply_op_kernel(node, gouts[0], task_stream)
                         elif type(node) is OpNode:
                             gins = apply_op_graph(node, gouts[0])
@@ -154,17 +151,14 @@ class GraphTask:
                             budget_end = clock() + TIME_BUDGET_S
                         else:
                             gins = apply_function(node, gouts)
-                        if node._post_hooks:
+                        if node._hooked and node._post_hooks:
                             gins = _run_post_hooks(node, gins, gouts)
                         if release:
                             node.release()
-                i = -1
-                for e in node.next:
-                    i += 1
+                for e, g in zip(node.next, gins) if gins is not None else ((e, None) for e in node.next):
                     if e is None:
                         continue
                     tgt = e[0]
-                    g = gins[i] if gins is not None else None
                     if isinstance(tgt, Node):
                         if g is not None:
                             buf = buffers.get(tgt)

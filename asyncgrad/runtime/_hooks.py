@@ -91,6 +91,7 @@ def tensor_register_hook(t: Tensor, fn: Callable[..., Any]) -> RemovableHandle:
             t._hooks = HookTable()
         return add_hook(t._hooks, fn, t)
     # a non-leaf's hooks run on the gradient arriving at its grad_fn, for its output slot
+    node._hooked = True
     if node._tensor_pre_hooks is None:
         node._tensor_pre_hooks = {}
     table = node._tensor_pre_hooks.get(t._out_nr)
@@ -113,6 +114,7 @@ def tensor_register_post_accumulate_hook(t: Tensor, fn: Callable[..., Any]) -> R
 
 def tensor_retain_grad(t: Tensor) -> None:
     node = t._grad_fn
+    node._hooked = True
     if node._retained is None:
         node._retained = {}
     node._retained[t._out_nr] = weakref.ref(t)

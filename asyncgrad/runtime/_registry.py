@@ -193,8 +193,10 @@ async def prepare_and_commit(
         try:
             owner.call_nowait(msg)  # the owner is idle: it handles the message right here, in order
         except trio.WouldBlock:
-            # one message: the owner applies all of it or none (even if we are cancelled meanwhile)
-            await _call(owner, msg)
+            # the owner will apply all of it: wait for it even if cancelled, so that a cancelled caller
+            # never sees Cancelled for a pass that was in fact committed
+            with trio.CancelScope(shield=True):
+                await _call(owner, msg)
         return
     for owner, entries in by_owner.items():
         try:
@@ -209,13 +211,20 @@ async def prepare_and_commit(
     if not commit:
         return
     staged.clear()
+    first_error: BaseException | None = None
     with trio.CancelScope(shield=True):
         for owner, entries in by_owner.items():
+            # every owner commits even if a post-accumulate hook raised in another: no half-written pass
             try:
-                owner.call_nowait(Commit(entries, create_graph, task_id))
-            except trio.WouldBlock:
-                await _call(owner, Commit(entries, create_graph, task_id))
+                try:
+                    owner.call_nowait(Commit(entries, create_graph, task_id))
+                except trio.WouldBlock:
+                    await _call(owner, Commit(entries, create_graph, task_id))
+            except Exception as e:
+                first_error = first_error or e
         by_owner.clear()
+    if first_error is not None:
+        raise first_error
 
 
 async def _call(owner: LeafOwner, msg: Any) -> Any:
