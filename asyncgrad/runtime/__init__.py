@@ -1,6 +1,14 @@
 """Tensors, ops with backward rules, the backward engine, hooks, grad modes and custom Functions."""
 
-from . import _ops_elementwise, _ops_linalg, _ops_nn, _ops_reduce, _ops_shape  # noqa: F401  (register ops)
+from . import (  # noqa: F401  (register ops)
+    _ops_conv,
+    _ops_elementwise,
+    _ops_linalg,
+    _ops_nn,
+    _ops_nn2,
+    _ops_reduce,
+    _ops_shape,
+)
 from ._dispatch import OPS, Node, Op, OpError, OpNode, apply, defop
 from ._apply import BackwardError
 from ._autograd import backward, grad
@@ -26,6 +34,7 @@ from ._function import Function, FunctionCtx
 from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ._hooks import RemovableHandle
 from ._layout import empty_like_contract, is_dense_nonoverlapping, obeys_contract
+from ._ops_conv import avg_pool2d, conv2d, max_pool2d
 from ._ops_elementwise import (
     abs,
     add,
@@ -49,6 +58,26 @@ from ._ops_elementwise import (
 )
 from ._ops_linalg import matmul
 from ._ops_nn import log_softmax, softmax
+from ._ops_nn2 import (
+    binary_cross_entropy_with_logits,
+    clamp,
+    clamp_max,
+    clamp_min,
+    clip,
+    cross_entropy,
+    cumsum,
+    dropout,
+    einsum,
+    embedding,
+    gather,
+    index_select,
+    layer_norm,
+    logsumexp,
+    mse_loss,
+    nll_loss,
+    std,
+    var,
+)
 from ._ops_reduce import MaxResult, amax, argmax, argmin, max, mean, min, sum
 from ._ops_shape import (
     broadcast_to,
@@ -69,13 +98,16 @@ from ._tensor import Tensor
 
 __all__ = [
     "OPS", "BackwardError", "Function", "FunctionCtx", "MaxResult", "NoRuntimeError", "Node", "Op",
-    "OpError", "OpNode", "RemovableHandle", "Runtime", "RuntimeStatistics", "Tensor", "abs", "add",
-    "amax", "apply", "arange", "argmax", "argmin", "astype", "backward", "broadcast_to", "cat", "checkpoint", "clone",
-    "concat", "current_runtime", "default_generator", "defop", "div", "empty", "empty_like_contract",
-    "enable_grad", "exp", "expand", "flatten", "from_numpy", "full", "get_default_dtype", "getitem",
-    "grad", "is_dense_nonoverlapping", "is_grad_enabled", "log", "log_softmax", "manual_seed", "matmul",
-    "max", "maximum", "mean", "min", "minimum", "mul", "neg", "no_grad", "obeys_contract", "ones",
-    "ones_like", "open_runtime", "permute", "pow", "rand", "randn", "relu", "reshape", "run",
-    "set_default_dtype", "set_grad_enabled", "sigmoid", "sign", "softmax", "sqrt", "squeeze", "stack",
-    "sub", "sum", "tanh", "tensor", "transpose", "unsqueeze", "where", "zeros", "zeros_like",
+    "OpError", "OpNode", "RemovableHandle", "Runtime", "RuntimeStatistics", "Tensor", "abs", "add", "amax",
+    "apply", "arange", "argmax", "argmin", "astype", "avg_pool2d", "backward",
+    "binary_cross_entropy_with_logits", "broadcast_to", "cat", "checkpoint", "clamp", "clamp_max",
+    "clamp_min", "clip", "clone", "concat", "conv2d", "cross_entropy", "cumsum", "current_runtime",
+    "default_generator", "defop", "div", "dropout", "einsum", "embedding", "empty", "empty_like_contract",
+    "enable_grad", "exp", "expand", "flatten", "from_numpy", "full", "gather", "get_default_dtype",
+    "getitem", "grad", "index_select", "is_dense_nonoverlapping", "is_grad_enabled", "layer_norm", "log",
+    "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "max_pool2d", "maximum", "mean", "min",
+    "minimum", "mse_loss", "mul", "neg", "nll_loss", "no_grad", "obeys_contract", "ones", "ones_like",
+    "open_runtime", "permute", "pow", "rand", "randn", "relu", "reshape", "run", "set_default_dtype",
+    "set_grad_enabled", "sigmoid", "sign", "softmax", "sqrt", "squeeze", "stack", "std", "sub", "sum",
+    "tanh", "tensor", "transpose", "unsqueeze", "var", "where", "zeros", "zeros_like",
 ]

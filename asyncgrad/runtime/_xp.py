@@ -65,6 +65,60 @@ class NP:
     def concat(xs: Any, axis: int) -> Any:
         return np.concatenate(xs, axis=axis)
 
+    # adjoint kernels of conv / pooling and a few more (each an op with its own rule in AG)
+
+    @staticmethod
+    def conv2d(x: Any, w: Any, b: Any, geom: dict[str, Any]) -> Any:
+        from ._ops_conv import conv2d_kernel
+
+        return conv2d_kernel(x, w, b, **geom)
+
+    @staticmethod
+    def conv2d_input_grad(g: Any, w: Any, x: Any, geom: dict[str, Any]) -> Any:
+        from ._ops_conv import np_conv2d_input_grad
+
+        return np_conv2d_input_grad(g, w, x, geom)
+
+    @staticmethod
+    def conv2d_weight_grad(x: Any, g: Any, w_shape: Any, geom: dict[str, Any]) -> Any:
+        from ._ops_conv import conv2d_weight_grad_kernel
+
+        return conv2d_weight_grad_kernel(x, g, w_shape, **geom)
+
+    @staticmethod
+    def max_pool2d_scatter(g: Any, idx: Any, x_shape: Any, geom: dict[str, Any]) -> Any:
+        from ._ops_conv import _pool_scatter_kernel
+
+        return _pool_scatter_kernel(g, idx, x_shape, geom)
+
+    @staticmethod
+    def max_pool2d_gather(a: Any, idx: Any, geom: dict[str, Any]) -> Any:
+        from ._ops_conv import _pool_gather_kernel
+
+        return _pool_gather_kernel(a, idx, geom)
+
+    @staticmethod
+    def avg_pool2d(x: Any, geom: dict[str, Any], div: Any) -> Any:
+        from ._ops_conv import _avg_pool_kernel
+
+        return _avg_pool_kernel(x, geom, div)
+
+    @staticmethod
+    def avg_pool2d_backward(g: Any, x_shape: Any, geom: dict[str, Any], div: Any) -> Any:
+        from ._ops_conv import _avg_pool_backward_kernel
+
+        return _avg_pool_backward_kernel(g, x_shape, geom, div)
+
+    @staticmethod
+    def cumsum(x: Any, axis: int) -> Any:
+        return np.cumsum(x, axis=axis)
+
+    @staticmethod
+    def einsum(eq: str, *ops: Any) -> Any:
+        from ._ops_nn2 import np_einsum
+
+        return np_einsum(eq, *ops)
+
 
 class AG:
     """asyncgrad namespace for rules (bound lazily: the op modules import this one)."""
@@ -95,6 +149,18 @@ class AG:
         AG.concat = staticmethod(lambda xs, axis: S.concat(list(xs), axis))  # type: ignore[attr-defined]
         AG.sum = staticmethod(lambda x, axis=None, keepdims=False: R.sum(x, axis, keepdims))  # type: ignore[attr-defined]
         AG.value = staticmethod(lambda x: x.numpy() if isinstance(x, Tensor) else x)  # type: ignore[attr-defined]
+        from . import _ops_conv as C
+        from . import _ops_nn2 as N2
+
+        AG.conv2d = staticmethod(C.ag_conv2d)  # type: ignore[attr-defined]
+        AG.conv2d_input_grad = staticmethod(C.ag_conv2d_input_grad)  # type: ignore[attr-defined]
+        AG.conv2d_weight_grad = staticmethod(C.ag_conv2d_weight_grad)  # type: ignore[attr-defined]
+        AG.max_pool2d_scatter = staticmethod(C.ag_max_pool2d_scatter)  # type: ignore[attr-defined]
+        AG.max_pool2d_gather = staticmethod(C.ag_max_pool2d_gather)  # type: ignore[attr-defined]
+        AG.avg_pool2d = staticmethod(C.ag_avg_pool2d)  # type: ignore[attr-defined]
+        AG.avg_pool2d_backward = staticmethod(C.ag_avg_pool2d_backward)  # type: ignore[attr-defined]
+        AG.cumsum = staticmethod(N2.ag_cumsum)  # type: ignore[attr-defined]
+        AG.einsum = staticmethod(N2.ag_einsum)  # type: ignore[attr-defined]
         AG.const = staticmethod(  # type: ignore[attr-defined]
             lambda arr, like: Tensor._wrap(np.asarray(arr), like._dev) if isinstance(like, Tensor) else arr
         )

@@ -1,0 +1,760 @@
+"""Convolution and pooling: conv2d, max_pool2d, avg_pool2d (PyTorch's ``torch.nn.functional`` semantics).
+
+Kernels use numpy stride tricks: a padded input is viewed as its sliding windows (``as_strided``), the
+windows are copied once into an im2col matrix and multiplied with the weights by one (batched over
+groups) ``matmul``. Depthwise convolutions and pooling run as kh * kw vectorised operations over strided
+views (one per kernel *tap*), and so do the adjoints that scatter back into the input (col2im, pooling
+backward): Python loops run over taps, never over pixels.
+
+Layouts: NCHW arrays and channels-last ones (an NHWC buffer viewed as NCHW through permuted strides) both
+work; a channels-last input gives a channels-last output and channels-last gradients, so AccumulateGrad
+can steal them (the layout contract).
+
+Backward rules are written once against ``xp``; the adjoint kernels are themselves differentiable ops
+(``conv2d_input_grad`` / ``conv2d_weight_grad``, the pooling scatters and gathers), so
+``create_graph=True`` gives second derivatives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ._dispatch import OpError, apply, defop
+from ._tensor import Tensor
+
+Geom = dict[str, Any]
+
+
+# ---- argument normalisation ----------------------------------------------------------------------------
+
+
+def _pair(name: str, what: str, v: Any) -> tuple[int, int]:
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v)
+    t = tuple(int(i) for i in v)
+    if len(t) == 1:
+        return t[0], t[0]
+    if len(t) != 2:
+        raise OpError(f"{name}: {what} must be an int or a pair of ints, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def _channels_last(a: Any) -> bool:
+    """Is a 4-d array laid out NHWC in memory (channels-last), i.e. is C its fastest dim?"""
+    if a.ndim != 4 or a.shape[1] == 1:
+        return False
+    _, sc, sh, sw = (abs(s) for s in a.strides)
+    h, w = a.shape[2:]
+    return sc < (sw if w > 1 else np.inf) and sc < (sh if h > 1 else np.inf)
+
+
+def _empty(shape: tuple[int, ...], dtype: Any, cl: bool) -> np.ndarray:
+    """An NCHW-indexed buffer, channels-last in memory when ``cl``."""
+    if cl:
+        n, c, h, w = shape
+        return np.empty((n, h, w, c), dtype).transpose(0, 3, 1, 2)
+    return np.empty(shape, dtype)
+
+
+def _zeros(shape: tuple[int, ...], dtype: Any, cl: bool) -> np.ndarray:
+    out = _empty(shape, dtype, cl)
+    out.fill(0)
+    return out
+
+
+def _pad(x: np.ndarray, pad: tuple[int, int, int, int], value: Any) -> np.ndarray:
+    """``x`` padded on H by (top, bottom) and on W by (left, right), keeping its memory layout."""
+    pt, pb, pl, pr = pad
+    if not (pt or pb or pl or pr):
+        return x
+    n, c, h, w = x.shape
+    buf = _empty((n, c, h + pt + pb, w + pl + pr), x.dtype, _channels_last(x))
+    buf.fill(value)
+    buf[:, :, pt : pt + h, pl : pl + w] = x
+    return buf
+
+
+def _tap(a: np.ndarray, i: int, j: int, geom: Geom, ho: int, wo: int) -> np.ndarray:
+    """The (N, C, Ho, Wo) strided view of padded ``a`` that kernel tap (i, j) reads (or writes)."""
+    (sh, sw), (dh, dw) = geom["stride"], geom["dilation"]
+    return a[..., i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+
+
+def _out_size(n: int, k: int, s: int, p_lo: int, p_hi: int, d: int) -> int:
+    return (n + p_lo + p_hi - d * (k - 1) - 1) // s + 1
+
+
+# ---- conv2d kernels --------------------------------------------------------------------------------------
+#
+# The kernels work in NHWC whatever the caller's layout: the padded input is built channels-last, so each
+# im2col row (kh, kw, C/G) copies contiguous runs of channels, and the GEMM output (N*Ho*Wo, O) is already
+# a channels-last result. An NCHW caller pays one extra copy of the input and of the output.
+
+
+def _nhwc_padded(x: np.ndarray, pad: tuple[int, int, int, int]) -> np.ndarray:
+    """``x`` (N, C, H, W) as a padded (N, H + pt + pb, W + pl + pr, C) array with C fastest."""
+    pt, pb, pl, pr = pad
+    xt = x.transpose(0, 2, 3, 1)
+    if not (pt or pb or pl or pr):
+        return xt if _channels_last(x) or x.shape[1] == 1 else np.ascontiguousarray(xt)
+    n, c, h, w = x.shape
+    buf = np.empty((n, h + pt + pb, w + pl + pr, c), x.dtype)
+    buf[:, :pt] = 0
+    buf[:, pt + h :] = 0
+    buf[:, pt : pt + h, :pl] = 0
+    buf[:, pt : pt + h, pl + w :] = 0
+    buf[:, pt : pt + h, pl : pl + w] = xt
+    return buf
+
+
+def _cols(x: np.ndarray, kh: int, kw: int, geom: Geom, ho: int, wo: int) -> np.ndarray:
+    """im2col: (G, N*Ho*Wo, K), K ordered (kh, kw, C/G)."""
+    g = geom["groups"]
+    n, c = x.shape[:2]
+    xp_ = _nhwc_padded(x, geom["padding"])
+    sn, sh, sw, sc = xp_.strides
+    (st_h, st_w), (dh, dw) = geom["stride"], geom["dilation"]
+    cg = c // g
+    if g == 1 and c < 4:  # few channels: copying tap by tap gives longer contiguous runs
+        cols = np.empty((n, ho, wo, kh, kw, c), x.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                cols[:, :, :, i, j] = _tap_nhwc(xp_, i, j, geom["stride"], geom["dilation"], ho, wo)
+        return cols.reshape(1, n * ho * wo, kh * kw * c)
+    win = as_strided(
+        xp_,
+        (g, n, ho, wo, kh, kw, cg),
+        (sc * cg, sn, sh * st_h, sw * st_w, sh * dh, sw * dw, sc),
+        writeable=False,
+    )
+    return win.reshape(g, n * ho * wo, kh * kw * cg)
+
+
+def _wmat(w: np.ndarray, groups: int) -> np.ndarray:
+    """Weights (O, C/G, kh, kw) as (G, O/G, K), K in the im2col order (kh, kw, C/G)."""
+    o, cg, kh, kw = w.shape
+    return w.transpose(0, 2, 3, 1).reshape(groups, o // groups, kh * kw * cg)
+
+
+def _gmat(g: np.ndarray, groups: int) -> np.ndarray:
+    """Output gradient (N, O, Ho, Wo) as (G, N*Ho*Wo, O/G)."""
+    n, o, ho, wo = g.shape
+    gt = g.transpose(0, 2, 3, 1)
+    if groups == 1:
+        return gt.reshape(1, n * ho * wo, o)
+    return gt.reshape(n * ho * wo, groups, o // groups).transpose(1, 0, 2)
+
+
+def conv2d_kernel(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: Any, padding: Any, dilation: Any, groups: int
+) -> np.ndarray:
+    geom = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    n, _, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    pt, pb, pl, pr = padding
+    ho = _out_size(h, kh, stride[0], pt, pb, dilation[0])
+    wo = _out_size(wd, kw, stride[1], pl, pr, dilation[1])
+    dt = np.result_type(x.dtype, w.dtype)
+    cl = _channels_last(x)
+    if _is_depthwise(w, groups):
+        src = _depthwise_forward(x, w, geom, ho, wo).transpose(0, 3, 1, 2)
+    else:
+        cols = _cols(x, kh, kw, geom, ho, wo)
+        wm = _wmat(w, groups)
+        if groups == 1:
+            res = cols[0] @ wm[0].T  # (N*Ho*Wo, O): channels-last already
+            src = res.reshape(n, ho, wo, o).transpose(0, 3, 1, 2)
+        else:
+            res = np.matmul(cols, wm.transpose(0, 2, 1))  # (G, N*Ho*Wo, O/G)
+            src = res.reshape(groups, n, ho, wo, o // groups).transpose(1, 0, 4, 2, 3)
+    if cl and src.ndim == 4 and src.dtype == dt:  # already a channels-last buffer of our own
+        if b is not None:
+            src += b.reshape(1, o, 1, 1)
+        return src
+    out = _empty((n, o, ho, wo), dt, cl)
+    ov = out.reshape(src.shape)  # splitting C into (G, O/G) is always a view
+    assert ov.base is out or ov.base is out.base
+    if b is not None:
+        np.add(src, b.reshape(*src.shape[1:-2], 1, 1), out=ov)
+    else:
+        np.copyto(ov, src)
+    return out
+
+
+# Depthwise convolutions (groups == in_channels == out_channels) have too little work per group for an
+# im2col GEMM; they run as kh * kw multiply-accumulates over NHWC views instead.
+
+
+def _is_depthwise(w: np.ndarray, groups: int) -> bool:
+    return groups > 1 and w.shape[0] == groups and w.shape[1] == 1
+
+
+def _tap_nhwc(a: np.ndarray, i: int, j: int, stride: Any, dilation: Any, ho: int, wo: int) -> np.ndarray:
+    (sh, sw), (dh, dw) = stride, dilation
+    return a[:, i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+
+
+def _depthwise_forward(x: np.ndarray, w: np.ndarray, geom: Geom, ho: int, wo: int) -> np.ndarray:
+    xp_ = _nhwc_padded(x, geom["padding"])
+    kh, kw = w.shape[2:]
+    wt = w[:, 0].transpose(1, 2, 0)  # (kh, kw, C)
+    dt = np.result_type(x.dtype, w.dtype)
+    acc = np.zeros((x.shape[0], ho, wo, x.shape[1]), dt)
+    tmp = np.empty_like(acc)
+    for i in range(kh):
+        for j in range(kw):
+            np.multiply(_tap_nhwc(xp_, i, j, geom["stride"], geom["dilation"], ho, wo), wt[i, j], out=tmp)
+            acc += tmp
+    return acc
+
+
+def conv2d_input_grad_kernel(
+    g: np.ndarray,
+    w: np.ndarray,
+    x_shape: tuple[int, ...],
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+    cl: bool = False,
+) -> np.ndarray:
+    """col2im: the adjoint of ``x -> conv2d(x, w)`` applied to ``g`` (a transposed convolution).
+
+    The result is channels-last when ``cl`` (the input's layout), else NCHW.
+    """
+    n, c, h, wd = x_shape
+    _, cg, kh, kw = w.shape
+    ho, wo = g.shape[2:]
+    pt, pb, pl, pr = padding
+    dt = np.result_type(g.dtype, w.dtype)
+    dxp = np.zeros((n, h + pt + pb, wd + pl + pr, c), dt)
+    if _is_depthwise(w, groups):
+        gt = np.ascontiguousarray(g.transpose(0, 2, 3, 1))
+        wt = w[:, 0].transpose(1, 2, 0)
+        tmp = np.empty(gt.shape, dt)
+        for i in range(kh):
+            for j in range(kw):
+                np.multiply(gt, wt[i, j], out=tmp)
+                _tap_nhwc(dxp, i, j, stride, dilation, ho, wo)[...] += tmp
+    elif groups == 1:
+        # one GEMM per tap, (N*Ho*Wo, O) @ (O, C): each tap's block is contiguous, so the adds below
+        # run over long contiguous rows
+        gm = _gmat(g, 1)[0]
+        wt = w.transpose(2, 3, 0, 1).reshape(kh * kw, w.shape[0], c)
+        dcols = np.matmul(gm, wt).reshape(kh, kw, n, ho, wo, c)
+        for i in range(kh):
+            for j in range(kw):
+                _tap_nhwc(dxp, i, j, stride, dilation, ho, wo)[...] += dcols[i, j]
+    else:
+        dcols = np.matmul(_gmat(g, groups), _wmat(w, groups))  # (G, N*Ho*Wo, K)
+        dcols = dcols.reshape(groups, n, ho, wo, kh, kw, cg).transpose(1, 2, 3, 4, 5, 0, 6)
+        d5 = dxp.reshape(n, h + pt + pb, wd + pl + pr, groups, cg)  # a view: (N, Hp, Wp, G, Cg)
+        for i in range(kh):
+            for j in range(kw):
+                _tap_nhwc(d5, i, j, stride, dilation, ho, wo)[...] += dcols[:, :, :, i, j]
+    crop = dxp[:, pt : pt + h, pl : pl + wd].transpose(0, 3, 1, 2)
+    if cl and not (pt or pb or pl or pr):
+        return crop
+    dx = _empty((n, c, h, wd), dt, cl)
+    np.copyto(dx, crop)
+    return dx
+
+
+def conv2d_weight_grad_kernel(
+    x: np.ndarray,
+    g: np.ndarray,
+    w_shape: tuple[int, ...],
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+) -> np.ndarray:
+    """The weight gradient of conv2d: im2col(x)^T applied to ``g``, per group (channels-last result)."""
+    geom = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    o, cg, kh, kw = w_shape
+    ho, wo = g.shape[2:]
+    dt = np.result_type(x.dtype, g.dtype)
+    if groups > 1 and o == groups and cg == 1:  # depthwise: one reduction per tap
+        xp_ = _nhwc_padded(x, padding)
+        gt = np.ascontiguousarray(g.transpose(0, 2, 3, 1))
+        tmp = np.empty(gt.shape, dt)
+        dw = np.empty((kh, kw, o), dt)
+        for i in range(kh):
+            for j in range(kw):
+                np.multiply(_tap_nhwc(xp_, i, j, stride, dilation, ho, wo), gt, out=tmp)
+                tmp.sum((0, 1, 2), out=dw[i, j])
+        return dw.transpose(2, 0, 1)[:, None]
+    cols = _cols(x, kh, kw, geom, ho, wo)
+    gm = _gmat(g, groups)
+    dw = np.matmul(gm.transpose(0, 2, 1), cols)  # (G, O/G, K)
+    return dw.reshape(o, kh, kw, cg).transpose(0, 3, 1, 2).astype(dt, copy=False)
+
+
+# ---- conv2d ops ---------------------------------------------------------------------------------------
+
+
+def _geom(kw: Any) -> Geom:
+    return {k: kw[k] for k in ("stride", "padding", "dilation", "groups")}
+
+
+def _conv_meta(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> Any:
+    if not isinstance(w, Tensor):
+        raise TypeError(f"conv2d: weight must be a Tensor, got {type(w).__name__}")
+    if x.ndim != 4:
+        raise OpError(f"conv2d: expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape {x.shape}")
+    if w.ndim != 4:
+        raise OpError(
+            f"conv2d: expected a 4-d weight (out_channels, in_channels/groups, kH, kW), got {w.shape}"
+        )
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    if groups < 1 or c % groups or o % groups:
+        raise OpError(
+            f"conv2d: in_channels ({c}) and out_channels ({o}) must both be divisible by groups ({groups})"
+        )
+    if cg * groups != c:
+        raise OpError(
+            f"conv2d: input of shape {x.shape} has {c} channels but weight of shape {w.shape} expects "
+            f"{cg * groups} (in_channels/groups = {cg}, groups = {groups})"
+        )
+    if b is not None and (not isinstance(b, Tensor) or b.shape != (o,)):
+        raise OpError(f"conv2d: bias must be a Tensor of shape ({o},), got {getattr(b, 'shape', b)!r}")
+    pt, pb, pl, pr = padding
+    ho = _out_size(h, kh, stride[0], pt, pb, dilation[0])
+    wo = _out_size(wd, kw, stride[1], pl, pr, dilation[1])
+    if ho < 1 or wo < 1:
+        raise OpError(
+            f"conv2d: input of shape {x.shape} (padded to {(h + pt + pb, wd + pl + pr)}) is smaller than the "
+            f"dilated kernel {(dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1)}"
+        )
+    for t in (x, w, b):
+        if t is not None and t.dtype.kind not in "fc":
+            raise OpError(f"conv2d: expected floating point tensors, got dtype {t.dtype}")
+    return (n, o, ho, wo), np.result_type(x.dtype, w.dtype)
+
+
+def _conv_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    x, w, _ = args
+    geom = _geom(kw)
+    gx = gw = gb = None
+    if needs[0]:
+        gx = xp.conv2d_input_grad(g, w, x, geom)
+    if needs[1]:
+        gw = xp.conv2d_weight_grad(x, g, tuple(w.shape), geom)
+    if needs[2]:
+        gb = xp.sum(g, (0, 2, 3))
+    return (gx, gw, gb)
+
+
+def _cig_meta(
+    g: Any, w: Any, x_shape: Any, stride: Any, padding: Any, dilation: Any, groups: int, cl: bool = False
+) -> Any:
+    return tuple(x_shape), np.result_type(g.dtype, w.dtype)
+
+
+def _cig_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    # out = A_w^T gy (linear in gy and in w); g has the input's shape
+    gy, w = args
+    geom = _geom(kw)
+    d_gy = xp.conv2d(g, w, None, geom) if needs[0] else None
+    d_w = xp.conv2d_weight_grad(g, gy, tuple(w.shape), geom) if needs[1] else None
+    return (d_gy, d_w)
+
+
+def _cwg_meta(x: Any, g: Any, w_shape: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> Any:
+    return tuple(w_shape), np.result_type(x.dtype, g.dtype)
+
+
+def _cwg_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    # out = dW(x, gy) (bilinear); g has the weight's shape
+    x, gy = args
+    geom = _geom(kw)
+    d_x = xp.conv2d_input_grad(gy, g, x, geom) if needs[0] else None
+    d_gy = xp.conv2d(x, g, None, geom) if needs[1] else None
+    return (d_x, d_gy)
+
+
+OP_CONV2D = defop("conv2d", conv2d_kernel, _conv_meta, _conv_rule)
+OP_CONV2D_INPUT_GRAD = defop("conv2d_input_grad", conv2d_input_grad_kernel, _cig_meta, _cig_rule)
+OP_CONV2D_WEIGHT_GRAD = defop("conv2d_weight_grad", conv2d_weight_grad_kernel, _cwg_meta, _cwg_rule)
+
+
+# the functions the rule namespaces (`_xp.NP` / `_xp.AG`) expose
+
+
+def _layout_of(x: Any) -> bool:
+    """Channels-last? for a numpy array, or a Tensor whose value is already there (else assume NCHW)."""
+    if isinstance(x, Tensor):
+        x = x._data
+        if x is None:
+            return False
+    return _channels_last(x)
+
+
+def np_conv2d_input_grad(g: Any, w: Any, x: Any, geom: Geom) -> np.ndarray:
+    return conv2d_input_grad_kernel(g, w, tuple(x.shape), cl=_channels_last(x), **geom)
+
+
+def ag_conv2d(x: Tensor, w: Tensor, b: Tensor | None, geom: Geom) -> Tensor:
+    return apply(OP_CONV2D, (x, w, b), geom)
+
+
+def ag_conv2d_input_grad(g: Tensor, w: Tensor, x: Any, geom: Geom) -> Tensor:
+    return apply(OP_CONV2D_INPUT_GRAD, (g, w), {"x_shape": tuple(x.shape), "cl": _layout_of(x), **geom})
+
+
+def ag_conv2d_weight_grad(x: Tensor, g: Tensor, w_shape: Any, geom: Geom) -> Tensor:
+    return apply(OP_CONV2D_WEIGHT_GRAD, (x, g), {"w_shape": tuple(w_shape), **geom})
+
+
+def _unbatched(fn: Any, x: Tensor, *rest: Any, **kw: Any) -> Any:
+    from ._ops_shape import reshape
+
+    y = fn(reshape(x, (1, *x.shape)), *rest, **kw)
+    if isinstance(y, tuple):
+        return tuple(reshape(t, t.shape[1:]) for t in y)
+    return reshape(y, y.shape[1:])
+
+
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """2-D convolution (cross-correlation) like ``torch.nn.functional.conv2d``.
+
+    ``input`` is (N, C, H, W) or unbatched (C, H, W); ``weight`` is (O, C/groups, kH, kW). ``padding``
+    is an int, a pair, ``"valid"`` or ``"same"`` (stride 1 only). NCHW and channels-last layouts both
+    work; a channels-last input gives a channels-last output.
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"conv2d: input must be a Tensor, got {type(input).__name__}")
+    if input.ndim == 3:
+        return _unbatched(conv2d, input, weight, bias, stride, padding, dilation, groups)  # type: ignore[no-any-return]
+    st = _pair("conv2d", "stride", stride)
+    dil = _pair("conv2d", "dilation", dilation)
+    if min(st) < 1 or min(dil) < 1:
+        raise OpError(f"conv2d: stride {st} and dilation {dil} must be positive")
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad = (0, 0, 0, 0)
+        elif padding == "same":
+            if st != (1, 1):
+                raise OpError("conv2d: padding='same' is not supported for strided convolutions")
+            kh, kw = weight.shape[2:]
+            th, tw = dil[0] * (kh - 1), dil[1] * (kw - 1)
+            pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+        else:
+            raise OpError(f"conv2d: padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    else:
+        ph, pw = _pair("conv2d", "padding", padding)
+        if ph < 0 or pw < 0:
+            raise OpError(f"conv2d: padding must be non-negative, got {(ph, pw)}")
+        pad = (ph, ph, pw, pw)
+    return apply(
+        OP_CONV2D,
+        (input, weight, bias),
+        {"stride": st, "padding": pad, "dilation": dil, "groups": int(groups)},
+    )
+
+
+# ---- pooling geometry --------------------------------------------------------------------------------------
+
+
+def _pool_size(n: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    num = n + 2 * p - d * (k - 1) - 1
+    out = (num + (s - 1 if ceil else 0)) // s + 1
+    if ceil and (out - 1) * s >= n + p:  # the last window must start inside the input or its left padding
+        out -= 1
+    return out
+
+
+def _pool_geom(
+    name: str, x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool
+) -> Geom:
+    if x.ndim != 4:
+        raise OpError(f"{name}: expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape {x.shape}")
+    k = _pair(name, "kernel_size", kernel_size)
+    s = (
+        k
+        if stride is None or (not isinstance(stride, int) and len(stride) == 0)
+        else _pair(name, "stride", stride)
+    )
+    p = _pair(name, "padding", padding)
+    d = _pair(name, "dilation", dilation)
+    if min(k) < 1 or min(s) < 1 or min(d) < 1:
+        raise OpError(f"{name}: kernel_size {k}, stride {s} and dilation {d} must be positive")
+    if p[0] > k[0] // 2 or p[1] > k[1] // 2 or min(p) < 0:
+        raise OpError(
+            f"{name}: pad should be at most half of effective kernel size, got padding {p}, kernel {k}"
+        )
+    h, w = x.shape[2:]
+    ho = _pool_size(h, k[0], s[0], p[0], d[0], ceil_mode)
+    wo = _pool_size(w, k[1], s[1], p[1], d[1], ceil_mode)
+    if ho < 1 or wo < 1:
+        raise OpError(f"{name}: output size {(ho, wo)} is too small for input of shape {x.shape}")
+    # windows may run past the padded input with ceil_mode: pad further on the bottom / right
+    eb = max(0, (ho - 1) * s[0] + d[0] * (k[0] - 1) + 1 - (h + 2 * p[0]))
+    er = max(0, (wo - 1) * s[1] + d[1] * (k[1] - 1) + 1 - (w + 2 * p[1]))
+    return {
+        "kernel": k,
+        "stride": s,
+        "dilation": d,
+        "padding": (p[0], p[0] + eb, p[1], p[1] + er),
+        "out": (ho, wo),
+        "pool_pad": p,
+    }
+
+
+def _lowest(dtype: Any) -> Any:
+    return -np.inf if dtype.kind in "fc" else np.iinfo(dtype).min
+
+
+def _taps(geom: Geom) -> list[tuple[int, int]]:
+    kh, kw = geom["kernel"]
+    return [(i, j) for i in range(kh) for j in range(kw)]
+
+
+# ---- max_pool2d --------------------------------------------------------------------------------------------
+
+
+def _max_pool_kernel(x: np.ndarray, geom: Geom) -> np.ndarray:
+    ho, wo = geom["out"]
+    xp_ = _pad(x, geom["padding"], _lowest(x.dtype))
+    taps = _taps(geom)
+    best = np.array(_tap(xp_, *taps[0], geom, ho, wo), order="K")
+    for i, j in taps[1:]:
+        np.maximum(best, _tap(xp_, i, j, geom, ho, wo), out=best)
+    return best
+
+
+def _argmax_taps(x: np.ndarray, geom: Geom) -> np.ndarray:
+    """Per output, which tap of its window holds the max (the first on ties; NaNs win), like PyTorch."""
+    ho, wo = geom["out"]
+    xp_ = _pad(x, geom["padding"], _lowest(x.dtype))
+    taps = _taps(geom)
+    best = np.array(_tap(xp_, *taps[0], geom, ho, wo), order="K")
+    idx = np.zeros(best.shape, np.int32)
+    nan = x.dtype.kind in "fc" and bool(np.isnan(x).any())
+    upd = np.empty(best.shape, bool)
+    for t, (i, j) in enumerate(taps[1:], 1):
+        v = _tap(xp_, i, j, geom, ho, wo)
+        np.greater(v, best, out=upd)
+        if nan:
+            upd |= np.isnan(v)  # as PyTorch's CPU kernel: a NaN always takes over (the last one wins)
+            np.copyto(best, v, where=upd)
+        else:
+            np.maximum(best, v, out=best)
+        np.copyto(idx, t, where=upd)
+    return idx
+
+
+def _pool_scatter_kernel(g: np.ndarray, idx: np.ndarray, x_shape: Any, geom: Geom) -> np.ndarray:
+    """Adjoint of gathering each window's element ``idx``: add g into the input at the picked taps."""
+    ho, wo = geom["out"]
+    n, c, h, w = x_shape
+    pt, pb, pl, pr = geom["padding"]
+    cl = _channels_last(g)
+    dxp = _zeros((n, c, h + pt + pb, w + pl + pr), g.dtype, cl)
+    zero = np.zeros((), g.dtype)
+    for t, (i, j) in enumerate(_taps(geom)):
+        _tap(dxp, i, j, geom, ho, wo)[...] += np.where(idx == t, g, zero)  # (not g * mask: inf * 0)
+    if not (pt or pb or pl or pr):
+        return dxp
+    dx = _empty((n, c, h, w), g.dtype, cl)
+    np.copyto(dx, dxp[:, :, pt : pt + h, pl : pl + w])
+    return dx
+
+
+def _pool_gather_kernel(a: np.ndarray, idx: np.ndarray, geom: Geom) -> np.ndarray:
+    ho, wo = geom["out"]
+    ap = _pad(a, geom["padding"], 0)
+    out = np.zeros(idx.shape, a.dtype)
+    for t, (i, j) in enumerate(_taps(geom)):
+        np.copyto(out, _tap(ap, i, j, geom, ho, wo), where=idx == t)
+    return out
+
+
+def _max_pool_meta(x: Tensor, geom: Geom) -> Any:
+    return (*x.shape[:2], *geom["out"]), x.dtype
+
+
+def _max_pool_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    x = args[0]
+    idx = _argmax_taps(xp.value(x), kw["geom"])
+    return (xp.max_pool2d_scatter(g, idx, tuple(x.shape), kw["geom"]),)
+
+
+def _scatter_meta(g: Tensor, idx: Any, x_shape: Any, geom: Geom) -> Any:
+    return tuple(x_shape), g.dtype
+
+
+def _scatter_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (xp.max_pool2d_gather(g, args[1], kw["geom"]), None)
+
+
+def _gather_meta(a: Tensor, idx: Any, geom: Geom) -> Any:
+    return tuple(idx.shape), a.dtype
+
+
+def _gather_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    a, idx = args
+    return (xp.max_pool2d_scatter(g, idx, tuple(a.shape), kw["geom"]), None)
+
+
+def _max_pool_indices_kernel(x: np.ndarray, geom: Geom) -> np.ndarray:
+    idx = _argmax_taps(x, geom)
+    ho, wo = geom["out"]
+    (sh, sw), (dh, dw) = geom["stride"], geom["dilation"]
+    pt, _, pl, _ = geom["padding"]
+    kw = geom["kernel"][1]
+    ti, tj = np.divmod(idx, kw)
+    rows = np.arange(ho).reshape(ho, 1) * sh - pt + ti * dh
+    cols = np.arange(wo).reshape(1, wo) * sw - pl + tj * dw
+    return (rows * x.shape[3] + cols).astype(np.int64)
+
+
+OP_MAX_POOL2D = defop("max_pool2d", _max_pool_kernel, _max_pool_meta, _max_pool_rule)
+OP_MAX_POOL2D_SCATTER = defop("max_pool2d_scatter", _pool_scatter_kernel, _scatter_meta, _scatter_rule)
+OP_MAX_POOL2D_GATHER = defop("max_pool2d_gather", _pool_gather_kernel, _gather_meta, _gather_rule)
+OP_MAX_POOL2D_INDICES = defop(
+    "max_pool2d_indices",
+    _max_pool_indices_kernel,
+    lambda x, geom: (_max_pool_meta(x, geom)[0], np.dtype(np.int64)),
+)
+
+
+def ag_max_pool2d_scatter(g: Tensor, idx: np.ndarray, x_shape: Any, geom: Geom) -> Tensor:
+    return apply(OP_MAX_POOL2D_SCATTER, (g, idx), {"x_shape": tuple(x_shape), "geom": geom})
+
+
+def ag_max_pool2d_gather(a: Tensor, idx: np.ndarray, geom: Geom) -> Tensor:
+    return apply(OP_MAX_POOL2D_GATHER, (a, idx), {"geom": geom})
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    """2-D max pooling like ``torch.nn.functional.max_pool2d`` (the gradient goes to the first max).
+
+    With ``return_indices=True`` returns ``(output, indices)``, indices into each input plane's H*W.
+    """
+    if input.ndim == 3:
+        return _unbatched(
+            max_pool2d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices
+        )
+    geom = _pool_geom("max_pool2d", input, kernel_size, stride, padding, dilation, bool(ceil_mode))
+    out = apply(OP_MAX_POOL2D, (input,), {"geom": geom})
+    if return_indices:
+        return out, apply(OP_MAX_POOL2D_INDICES, (input,), {"geom": geom})
+    return out
+
+
+# ---- avg_pool2d --------------------------------------------------------------------------------------------
+
+
+def _avg_divisor(x_hw: Any, geom: Geom, count_include_pad: bool, divisor_override: Any) -> Any:
+    if divisor_override is not None:
+        return divisor_override
+    counts = []
+    for n, o, k, s, p in zip(x_hw, geom["out"], geom["kernel"], geom["stride"], geom["pool_pad"]):
+        start = np.arange(o) * s - p
+        end = np.minimum(start + k, n + p)
+        size = end - start
+        if not count_include_pad:
+            size = np.minimum(end, n) - np.maximum(start, 0)
+        counts.append(size)
+    return (counts[0].reshape(-1, 1) * counts[1].reshape(1, -1)).astype(np.float64)
+
+
+def _avg_pool_kernel(x: np.ndarray, geom: Geom, div: Any) -> np.ndarray:
+    ho, wo = geom["out"]
+    xp_ = _pad(x, geom["padding"], 0)
+    taps = _taps(geom)
+    acc = np.array(_tap(xp_, *taps[0], geom, ho, wo), order="K")
+    for i, j in taps[1:]:
+        acc += _tap(xp_, i, j, geom, ho, wo)
+    acc /= np.asarray(div, x.dtype) if np.ndim(div) else div
+    return acc
+
+
+def _avg_pool_backward_kernel(g: np.ndarray, x_shape: Any, geom: Geom, div: Any) -> np.ndarray:
+    ho, wo = geom["out"]
+    n, c, h, w = x_shape
+    pt, pb, pl, pr = geom["padding"]
+    cl = _channels_last(g)
+    gd = g / (np.asarray(div, g.dtype) if np.ndim(div) else div)
+    dxp = _zeros((n, c, h + pt + pb, w + pl + pr), g.dtype, cl)
+    for i, j in _taps(geom):
+        _tap(dxp, i, j, geom, ho, wo)[...] += gd
+    if not (pt or pb or pl or pr):
+        return dxp
+    dx = _empty((n, c, h, w), g.dtype, cl)
+    np.copyto(dx, dxp[:, :, pt : pt + h, pl : pl + w])
+    return dx
+
+
+def _avg_pool_meta(x: Tensor, geom: Geom, div: Any) -> Any:
+    if x.dtype.kind not in "fc":
+        raise OpError(f"avg_pool2d: expected a floating point input, got dtype {x.dtype}")
+    return (*x.shape[:2], *geom["out"]), x.dtype
+
+
+def _avg_pool_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (xp.avg_pool2d_backward(g, tuple(args[0].shape), kw["geom"], kw["div"]),)
+
+
+def _avg_back_meta(g: Tensor, x_shape: Any, geom: Geom, div: Any) -> Any:
+    return tuple(x_shape), g.dtype
+
+
+def _avg_back_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (xp.avg_pool2d(g, kw["geom"], kw["div"]),)
+
+
+OP_AVG_POOL2D = defop("avg_pool2d", _avg_pool_kernel, _avg_pool_meta, _avg_pool_rule)
+OP_AVG_POOL2D_BACKWARD = defop(
+    "avg_pool2d_backward", _avg_pool_backward_kernel, _avg_back_meta, _avg_back_rule
+)
+
+
+def ag_avg_pool2d(x: Tensor, geom: Geom, div: Any) -> Tensor:
+    return apply(OP_AVG_POOL2D, (x,), {"geom": geom, "div": div})
+
+
+def ag_avg_pool2d_backward(g: Tensor, x_shape: Any, geom: Geom, div: Any) -> Tensor:
+    return apply(OP_AVG_POOL2D_BACKWARD, (g,), {"x_shape": tuple(x_shape), "geom": geom, "div": div})
+
+
+def avg_pool2d(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """2-D average pooling like ``torch.nn.functional.avg_pool2d``."""
+    if input.ndim == 3:
+        return _unbatched(  # type: ignore[no-any-return]
+            avg_pool2d, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+        )
+    geom = _pool_geom("avg_pool2d", input, kernel_size, stride, padding, 1, bool(ceil_mode))
+    if divisor_override is not None and divisor_override == 0:
+        raise OpError("avg_pool2d: divisor must be not zero")
+    div = _avg_divisor(input.shape[2:], geom, bool(count_include_pad), divisor_override)
+    return apply(OP_AVG_POOL2D, (input,), {"geom": geom, "div": div})
