@@ -54,7 +54,7 @@ class StreamPool:
 
     def acquire(self) -> Stream:
         if self._draining:
-            still = []
+            still: list[Stream] = []
             for s in self._draining:
                 (self._free if s.query() else still).append(s)
             self._draining = still

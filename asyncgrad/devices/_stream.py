@@ -182,7 +182,7 @@ class Stream:
         if event.query():
             return
         flag = event._flag
-        self.submit(flag.wait)
+        self.submit(lambda: None if flag.wait() else None)
 
     def statistics(self) -> StreamStatistics:
         return StreamStatistics(

@@ -35,7 +35,8 @@ def _ready(t: Any) -> bool:
 
 def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     """Run the node's rule on numpy arrays: inline when tiny and ready, else as one kernel on its stream."""
-    args, out = node.args, node.out
+    args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
+    out = node.out
     gd = g._data
     s = g._stream
     if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and (s is None or s._completed >= g._seq):
@@ -84,7 +85,7 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
                 # a rule may hand back the incoming grad or one array for two inputs: such an array
                 # has other owners, so accumulation must not steal it
                 if any(x is y for y in seen):
-                    r._aliased = True
+                    r.__dict__["_aliased"] = True
                 seen.append(x)
 
     seq = stream.submit(job)
@@ -140,7 +141,7 @@ def ag_namespace() -> Any:
 
 def apply_op_graph(node: OpNode, g: Tensor) -> list[Any]:
     """``create_graph=True``: run the rule with asyncgrad ops so the backward is recorded."""
-    return run_rule(node, ag_namespace(), g, list(node.args), node.out)
+    return run_rule(node, ag_namespace(), g, list(node.args or ()), node.out)
 
 
 def _wrap_error(node: Any, e: BaseException) -> BackwardError:

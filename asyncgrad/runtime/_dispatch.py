@@ -87,6 +87,10 @@ class Node:
     # so creating a node per op sets only what every node needs
     __slots__ = ("__dict__", "__weakref__", "next", "seq", "stream")
 
+    next: tuple[Any, ...]  # per input: (node, output slot), (leaf tensor, 0), or None
+    seq: int  # creation order: later nodes run first
+    stream: Stream | None  # the forward op's stream (None: it ran inline)
+
     is_async = False
     n_outputs = 1
     _released = False
@@ -164,6 +168,8 @@ class OpNode(Node):
     out: Any = None  # the output, saved only by ops whose rule needs it (save_out)
 
     __slots__ = ("args", "kw", "needs", "op")
+
+    args: tuple[Any, ...] | None  # None once released
 
     def __init__(self, op: Op, args: tuple[Any, ...], kw: dict[str, Any], stream: Stream | None) -> None:
         self.stream = stream

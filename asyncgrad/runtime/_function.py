@@ -102,7 +102,7 @@ class _FunctionMeta(type):
             if f is not None and not isinstance(f, (staticmethod, classmethod)):
                 # allow plain `def forward(ctx, ...)` like `@staticmethod def forward(ctx, ...)`
                 setattr(cls, meth, staticmethod(f))
-        cls._backward_is_async = inspect.iscoroutinefunction(cls.backward)
+        cls._backward_is_async = inspect.iscoroutinefunction(getattr(cls, "backward", None))
 
 
 class Function(metaclass=_FunctionMeta):

@@ -85,7 +85,7 @@ def accumulate(rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool) -> 
             return
         leaf._grad = _steal_or_copy_queued(rt, leaf, g, unique)
         return
-    if create_graph or _grad_mode.is_grad_enabled() and g._rg:
+    if create_graph or (_grad_mode.is_grad_enabled() and g._rg):
         leaf._grad = old + g
     else:
         inplace(old, _add_into, g)

@@ -70,9 +70,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _install() -> None:
-    Tensor.__matmul__ = lambda s, o: apply(OP_MATMUL, (s, o))  # type: ignore[attr-defined]
-    Tensor.__rmatmul__ = lambda s, o: apply(OP_MATMUL, (o, s))  # type: ignore[attr-defined]
-    Tensor.matmul = matmul  # type: ignore[attr-defined]
+    Tensor.__matmul__ = lambda s, o: apply(OP_MATMUL, (s, o))  # type: ignore[attr-defined,method-assign]
+    Tensor.__rmatmul__ = lambda s, o: apply(OP_MATMUL, (o, s))  # type: ignore[attr-defined,method-assign]
+    Tensor.matmul = matmul  # type: ignore[attr-defined,method-assign]
 
 
 _install()

@@ -54,7 +54,7 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if n == 0:
         return reshape(x, (1,))
     s, e = start_dim % n, end_dim % n
-    shp = x._shape[:s] + (math.prod(x._shape[s : e + 1]),) + x._shape[e + 1 :]
+    shp = (*x._shape[:s], math.prod(x._shape[s : e + 1]), *x._shape[e + 1 :])
     return reshape(x, shp)
 
 
@@ -306,18 +306,18 @@ def alias(x: Tensor) -> Tensor:
 
 def _install() -> None:
     T = Tensor
-    T.reshape = reshape  # type: ignore[attr-defined]
-    T.view = reshape  # type: ignore[attr-defined]
-    T.flatten = flatten  # type: ignore[attr-defined]
-    T.permute = permute  # type: ignore[attr-defined]
-    T.transpose = transpose  # type: ignore[attr-defined]
-    T.T = property(_T)  # type: ignore[attr-defined]
-    T.mT = property(lambda x: transpose(x, -2, -1))  # type: ignore[attr-defined]
-    T.broadcast_to = broadcast_to  # type: ignore[attr-defined]
-    T.expand = expand  # type: ignore[attr-defined]
-    T.unsqueeze = unsqueeze  # type: ignore[attr-defined]
-    T.squeeze = squeeze  # type: ignore[attr-defined]
-    T.__getitem__ = getitem  # type: ignore[attr-defined]
+    T.reshape = reshape  # type: ignore[attr-defined,method-assign]
+    T.view = reshape  # type: ignore[attr-defined,method-assign]
+    T.flatten = flatten  # type: ignore[attr-defined,method-assign]
+    T.permute = permute  # type: ignore[attr-defined,method-assign]
+    T.transpose = transpose  # type: ignore[attr-defined,method-assign]
+    T.T = property(_T)  # type: ignore[attr-defined,method-assign]
+    T.mT = property(lambda x: transpose(x, -2, -1))  # type: ignore[attr-defined,method-assign]
+    T.broadcast_to = broadcast_to  # type: ignore[attr-defined,method-assign]
+    T.expand = expand  # type: ignore[attr-defined,method-assign]
+    T.unsqueeze = unsqueeze  # type: ignore[attr-defined,method-assign]
+    T.squeeze = squeeze  # type: ignore[attr-defined,method-assign]
+    T.__getitem__ = getitem  # type: ignore[attr-defined,method-assign]
 
 
 _install()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
@@ -26,6 +27,14 @@ class Tensor:
     # hot fields are slots; rarely set ones live in __dict__ with class defaults, so making a tensor
     # (once per op) sets only seven fields
     __slots__ = ("__dict__", "__weakref__", "_data", "_dev", "_dtype", "_grad_fn", "_rg", "_shape", "_stream")
+
+    _data: np.ndarray | None  # None while the kernel computing it has not run yet
+    _dev: Device
+    _dtype: np.dtype[Any]
+    _grad_fn: Any
+    _rg: bool
+    _shape: tuple[int, ...]
+    _stream: Stream | None  # the stream of the kernel producing the value, while it may be pending
 
     _seq = 0  # sequence number of the kernel producing the value on `_stream` (when pending)
     _grad: Tensor | None = None
@@ -67,6 +76,27 @@ class Tensor:
 
     def __init__(self, *a: Any, **k: Any) -> None:
         raise TypeError("create tensors with asyncgrad.tensor(...), asyncgrad.zeros(...) and friends")
+
+    if TYPE_CHECKING:  # installed by the op families (_ops_*.py), next to their forwards and rules
+        def __add__(self, o: Any) -> Tensor: ...
+        def __radd__(self, o: Any) -> Tensor: ...
+        def __sub__(self, o: Any) -> Tensor: ...
+        def __rsub__(self, o: Any) -> Tensor: ...
+        def __mul__(self, o: Any) -> Tensor: ...
+        def __rmul__(self, o: Any) -> Tensor: ...
+        def __truediv__(self, o: Any) -> Tensor: ...
+        def __rtruediv__(self, o: Any) -> Tensor: ...
+        def __pow__(self, o: Any) -> Tensor: ...
+        def __rpow__(self, o: Any) -> Tensor: ...
+        def __matmul__(self, o: Any) -> Tensor: ...
+        def __rmatmul__(self, o: Any) -> Tensor: ...
+        def __neg__(self) -> Tensor: ...
+        def __lt__(self, o: Any) -> Tensor: ...
+        def __le__(self, o: Any) -> Tensor: ...
+        def __gt__(self, o: Any) -> Tensor: ...
+        def __ge__(self, o: Any) -> Tensor: ...
+        def __getitem__(self, idx: Any) -> Tensor: ...
+        def __getattr__(self, name: str) -> Any: ...  # other installed methods: sum, reshape, ...
 
     # ---- attributes ------------------------------------------------------------------------------
 
@@ -281,7 +311,7 @@ class Tensor:
 
     def contiguous(self) -> Tensor:
         """This tensor if it is C-contiguous, else a C-contiguous copy (differentiable)."""
-        if self._stream is None and self._data.flags.c_contiguous:
+        if self._stream is None and self._data is not None and self._data.flags.c_contiguous:
             return self
         from ._ops_elementwise import contiguous
 
@@ -359,7 +389,7 @@ class Tensor:
 
         return inplace(self, lambda a: a.fill(0))
 
-    def fill_(self, value: float) -> Tensor:
+    def fill_(self, value: builtins.float) -> Tensor:
         from ._inplace import inplace
 
         return inplace(self, lambda a: a.fill(value))
@@ -369,7 +399,7 @@ class Tensor:
 
         return inplace(self, lambda a, s: np.copyto(a, s), src)
 
-    def add_(self, other: Any, *, alpha: float = 1.0) -> Tensor:
+    def add_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
         from ._inplace import inplace
 
         if alpha == 1.0:
@@ -381,7 +411,7 @@ class Tensor:
 
         return inplace(self, lambda a, o: np.multiply(a, o, out=a, casting="unsafe"), other)
 
-    def sub_(self, other: Any, *, alpha: float = 1.0) -> Tensor:
+    def sub_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
         return self.add_(other, alpha=-alpha)
 
     def __iadd__(self, other: Any) -> Tensor:
