@@ -182,7 +182,11 @@ class Stream:
         if event.query():
             return
         flag = event._flag
-        self.submit(lambda: None if flag.wait() else None)
+
+        def wait() -> None:
+            flag.wait()
+
+        self.submit(wait)
 
     def statistics(self) -> StreamStatistics:
         return StreamStatistics(
