@@ -111,7 +111,6 @@ async def test_mlp_parity_with_torch(opt_name: str) -> None:
     await _parity("mlp", opt_name)
 
 
-@pytest.mark.skipif(not hasattr(ag, "conv2d"), reason="asyncgrad.conv2d / max_pool2d have not landed yet")
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
 async def test_cnn_parity_with_torch(opt_name: str) -> None:
     await _parity("cnn", opt_name)

@@ -34,6 +34,7 @@ from ._function import Function, FunctionCtx
 from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ._hooks import RemovableHandle
 from ._layout import empty_like_contract, is_dense_nonoverlapping, obeys_contract
+from ._ops_act import gelu
 from ._ops_conv import avg_pool2d, conv2d, max_pool2d
 from ._ops_elementwise import (
     abs,
@@ -103,7 +104,7 @@ __all__ = [
     "binary_cross_entropy_with_logits", "broadcast_to", "cat", "checkpoint", "clamp", "clamp_max",
     "clamp_min", "clip", "clone", "concat", "conv2d", "cross_entropy", "cumsum", "current_runtime",
     "default_generator", "defop", "div", "dropout", "einsum", "embedding", "empty", "empty_like_contract",
-    "enable_grad", "exp", "expand", "flatten", "from_numpy", "full", "gather", "get_default_dtype",
+    "enable_grad", "exp", "expand", "flatten", "from_numpy", "full", "gather", "gelu", "get_default_dtype",
     "getitem", "grad", "index_select", "is_dense_nonoverlapping", "is_grad_enabled", "layer_norm", "log",
     "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "max_pool2d", "maximum", "mean", "min",
     "minimum", "mse_loss", "mul", "neg", "nll_loss", "no_grad", "obeys_contract", "ones", "ones_like",
