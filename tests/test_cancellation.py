@@ -239,19 +239,13 @@ async def test_cancelling_a_reentrant_chain_midway():
         await _settled(rt)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cancelling a reentrant chain is not prompt: the cancel reaches nested passes one level per "
-    "scheduler batch (each _in_own_task cancels only its child's scope when its own wait is cancelled), "
-    "while the chain also grows one level per batch, so the chain runs to the bottom after the cancel and "
-    "its deepest passes even commit",
-)
 async def test_cancelling_a_reentrant_chain_stops_it_promptly():
     async with ag.open_runtime(lanes=2) as rt:
         await _cancel_chain_at(200, 100, rt)
         deepest = min(Chain.depths)
         committed = sum(leaf.grad is not None for leaf in Chain.leaves)
-        assert deepest > 90 and committed == 0, (
+        # the cancel reaches every nested pass at once, not one level per scheduler batch
+        assert deepest >= 95 and committed == 0, (
             f"chain of 200 cancelled at level 100: went on to level {deepest}; "
             f"{committed} nested passes committed after the cancel"
         )
@@ -361,11 +355,6 @@ async def test_exception_in_a_hook_ends_the_pass_with_grads_unchanged(where):
         np.testing.assert_array_equal(c.grad.numpy(), np.frombuffer(before[2][1]) + 1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a post-accumulate-grad hook that raises in one owner's Commit aborts the commit loop in "
-    "_registry.prepare_and_commit: leaves of the owners after it are never committed (half-written pass)",
-)
 async def test_post_accumulate_hook_error_does_not_half_commit_a_pass():
     rng = np.random.default_rng(5)
     async with ag.open_runtime(lanes=1) as rt:
@@ -378,17 +367,11 @@ async def test_post_accumulate_hook_error_does_not_half_commit_a_pass():
         with trio.fail_after(10), pytest.raises(Exception, match="hook says no"):
             await (a * 2.0 + b * 3.0).sum().backward()
         await _settled(rt)
-        committed = [not np.array_equal(a.grad.numpy(), ga0), not np.array_equal(b.grad.numpy(), gb0)]
-        # all of the pass or none of it (post-accumulate hooks run after .grad is written: so, all)
-        assert committed in ([True, True], [False, False]), f"committed a: {committed[0]}, b: {committed[1]}"
+        # all of the pass (post-accumulate hooks run after .grad is written), none of it half-way
+        np.testing.assert_array_equal(a.grad.numpy(), ga0 + 2.0)
+        np.testing.assert_array_equal(b.grad.numpy(), gb0 + 3.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prepare_and_commit's single-owner path awaits the owner's reply unshielded (_call): a cancel "
-    "that arrives while the PrepareAndCommit message waits for the owner (always the case for a new "
-    "owner, whose task has not started yet) raises Cancelled in the caller, yet the owner still commits",
-)
 async def test_a_pass_cancelled_while_its_commit_waits_for_the_owner_is_all_or_nothing():
     rng = np.random.default_rng(6)
     async with ag.open_runtime(lanes=1) as rt:

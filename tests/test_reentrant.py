@@ -28,7 +28,7 @@ from asyncgrad.devices import INLINE_MAX_ELEMENTS
 
 W4_CHILD = textwrap.dedent(
     """
-    import json, os, resource, sys, time
+    import json, os, resource, sys, threading, time
 
     import numpy as np
     import trio
@@ -78,7 +78,12 @@ W4_CHILD = textwrap.dedent(
             rec["threads_after_pass"] = os_threads()
             st = rt.statistics()
             rec["graph_tasks"] = [st.graph_tasks_started, st.graph_tasks_finished]
+        # the lanes are joined; their OS threads may still be finishing their exit for a moment
+        deadline = time.monotonic() + 2.0
+        while os_threads() > 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
         rec["threads_after_runtime"] = os_threads()
+        rec["py_threads_after_runtime"] = [t.name for t in threading.enumerate()]
 
 
     trio.run(main)
@@ -157,6 +162,7 @@ def test_w4_reentrant_chain_depth_100k_threads_recursion_and_memory():
         assert r["threads_in_runtime"] == fixed, r
         assert {s[1] for s in r["samples"]} == {fixed}, f"depth {d}: threads per sampled level {r['samples']}"
         assert r["threads_after_pass"] == fixed
+        assert r["py_threads_after_runtime"] == ["MainThread"]
         assert r["threads_after_runtime"] == 1
     g20 = (recs[20_000]["rss_peak_kb"] - recs[20_000]["rss_base_kb"]) / 1024
     g100 = (recs[100_000]["rss_peak_kb"] - recs[100_000]["rss_base_kb"]) / 1024
