@@ -134,7 +134,13 @@ class LeafOwner(Actor):
                 post.append(leaf)
         for leaf in post:
             for fn in list(leaf._post_hooks.values()):
-                fn(leaf)
+                try:
+                    fn(leaf)
+                except Exception as e:
+                    raise BackwardError(
+                        f"exception in a post-accumulate-grad hook on a leaf of shape {leaf._shape}: "
+                        f"{type(e).__name__}: {e} (the pass's gradients were already committed)"
+                    ) from e
 
     def owner_statistics(self) -> OwnerStatistics:
         return OwnerStatistics(
