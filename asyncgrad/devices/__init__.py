@@ -1,4 +1,13 @@
-"""Devices, streams and events: where kernels run (numpy on CPU lanes; cupy streams on CUDA)."""
+"""Devices, streams and events: where kernels run (numpy on CPU lanes; cupy streams on CUDA).
+
+The seam for CUDA: a device subclasses `Device` (an actor owning its streams, pool and apply lock) and
+provides `_new_stream()`. Everything above this layer talks only to `Stream` (`submit`, `query`,
+`is_done`, `synchronize`/`synchronize_blocking`, `record_event`, `wait_event`) and `Event`. A cupy
+stream maps onto it directly: ``submit(job)`` runs ``job`` on the host inside ``with cupy_stream:`` (the
+job only *launches* kernels, asynchronously), completion is a cupy ``Event`` recorded after it, and
+``wait_event`` is ``cupy_stream.wait_event``; `Runtime.device("cuda")` is where the device gets opened.
+The CUDA device itself is not implemented yet (no GPU to test on); asking for one says so.
+"""
 
 from ._device import (
     INLINE_MAX_ELEMENTS,
