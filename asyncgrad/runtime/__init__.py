@@ -9,10 +9,10 @@ from . import (  # noqa: F401  (register ops)
     _ops_reduce,
     _ops_shape,
 )
-from ._dispatch import OPS, Node, Op, OpError, OpNode, apply, defop
 from ._apply import BackwardError
 from ._autograd import backward, grad
 from ._checkpoint import checkpoint
+from ._dispatch import OPS, Node, Op, OpError, OpNode, apply, defop
 from ._factories import (
     arange,
     default_generator,
