@@ -201,8 +201,7 @@ async def prepare_and_commit(
         except trio.WouldBlock:
             # the owner will apply all of it: wait for it even if cancelled, so that a cancelled caller
             # never sees Cancelled for a pass that was in fact committed
-            with trio.CancelScope(shield=True):
-                await _call(owner, msg)
+            await _call(owner, msg, shield=True)
         return
     for owner, entries in by_owner.items():
         try:
@@ -218,30 +217,34 @@ async def prepare_and_commit(
         return
     staged.clear()
     first_error: BaseException | None = None
-    with trio.CancelScope(shield=True):
-        for owner, entries in by_owner.items():
-            # every owner commits even if a post-accumulate hook raised in another: no half-written pass
+    for owner, entries in by_owner.items():
+        # every owner commits even if a post-accumulate hook raised in another: no half-written pass
+        try:
             try:
-                try:
-                    owner.call_nowait(Commit(entries, create_graph, task_id))
-                except trio.WouldBlock:
-                    await _call(owner, Commit(entries, create_graph, task_id))
-            except Exception as e:
-                first_error = first_error or e
-        by_owner.clear()
+                owner.call_nowait(Commit(entries, create_graph, task_id))
+            except trio.WouldBlock:
+                await _call(owner, Commit(entries, create_graph, task_id), shield=True)
+        except Exception as e:
+            first_error = first_error or e
+    by_owner.clear()
     if first_error is not None:
         raise first_error
 
 
-async def _call(owner: LeafOwner, msg: Any) -> Any:
-    try:
-        return await owner.call(msg)
-    except ActorClosedError:
+async def _call(owner: LeafOwner, msg: Any, *, shield: bool = False) -> Any:
+    """Ask ``owner`` and wait for its reply (``shield``: even if cancelled meanwhile)."""
+    closed = False
+    with trio.CancelScope(shield=shield):
+        try:
+            return await owner.call(msg)
+        except ActorClosedError:
+            closed = True
+    if closed:
         # owners stop only when the runtime shuts down; if that is cancelling us, say so as trio does
         await trio.lowlevel.checkpoint_if_cancelled()
-        raise RuntimeError(
-            f"{owner.name} has stopped: the runtime is closing, so this backward pass cannot be committed"
-        ) from None
+    raise RuntimeError(
+        f"{owner.name} has stopped: the runtime is closing, so this backward pass cannot be committed"
+    )
 
 
 def register_leaf_hook(leaf: Any, table: HookTable, hook_id: int, fn: Any) -> None:
