@@ -67,7 +67,7 @@ class _Call:
                 wrapped.__cause__ = result.error
                 self.done.set_exception(wrapped)
         else:
-            self.done.set_result(result.value)
+            self.done.set_result(result.unwrap())
 
 
 class _TrioCancelled(Exception):
@@ -156,7 +156,7 @@ class AsyncioPortal:
             # an error the trio task raised while stopping is more useful than a bare CancelledError
             if not done.cancelled() and isinstance(done.exception(), BaseException):
                 exc = done.exception()
-                if not isinstance(exc, _TrioCancelled):
+                if exc is not None and not isinstance(exc, _TrioCancelled):
                     raise exc from None
             raise
         except _TrioCancelled:

@@ -300,11 +300,11 @@ class Module:
 
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
-    ) -> Iterator[tuple[str, Parameter]]:
+    ) -> Iterator[tuple[str, Tensor]]:
         """Parameters with dotted names (shared parameters are listed once)."""
         yield from self._named_members("_parameters", prefix, recurse, remove_duplicate)  # type: ignore[misc]
 
-    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+    def parameters(self, recurse: bool = True) -> Iterator[Tensor]:
         """All parameters of this module and (if ``recurse``) its submodules."""
         for _, p in self.named_parameters(recurse=recurse):
             yield p
@@ -552,7 +552,7 @@ def save_state_dict(path: str | os.PathLike[str], state_dict: Mapping[str, Any])
     if d:
         os.makedirs(d, exist_ok=True)
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
 
 
 def load_state_dict_file(path: str | os.PathLike[str]) -> OrderedDict[str, np.ndarray]:

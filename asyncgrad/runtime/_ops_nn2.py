@@ -324,9 +324,11 @@ def _clamp_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tu
     gx = xp.where(inside, g, 0) if needs[0] else None
     glo = ghi = None
     if needs[1]:
+        assert lo is not None  # needs[1] means a tensor bound was given
         m = x < lo
         glo = xp.where(m & (lo < hi) if hi is not None else m, g, 0)
     if needs[2]:
+        assert hi is not None
         m = x > hi
         ghi = xp.where(m | (hi < lo) if lo is not None else m, g, 0)
     return (gx, glo, ghi)
@@ -692,7 +694,7 @@ class _Targets:
         lo, hi = (int(t.min()), int(t.max())) if t.size else (0, 0)
         if 0 <= lo and hi < c and not lo <= ignore_index <= hi:  # the common case: nothing to ignore
             self.all_valid = all_valid = True
-            self.valid = True
+            self.valid: Any = True
             self.ts = ts = t
         else:
             valid = t != ignore_index
@@ -714,7 +716,7 @@ class _Targets:
         if ts.ndim == 1:
             self.idx: Any = (np.arange(ts.shape[0]), ts)
         else:
-            grids = np.indices(ts.shape, sparse=True)
+            grids: Any = np.indices(ts.shape, sparse=True)
             self.idx = (grids[0], ts, *grids[1:])
 
     def onehot(self, c: int, dtype: Any) -> np.ndarray:
