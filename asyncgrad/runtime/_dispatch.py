@@ -73,10 +73,6 @@ class OpError(ValueError):
 Tensor: Any = None  # set by _tensor once the class exists (avoids an import per op)
 
 
-def _tensor_cls() -> Any:
-    return Tensor
-
-
 class Node:
     """A backward node: where gradients go next (``next``), hooks, and what the backward needs.
 
@@ -387,7 +383,7 @@ def wait_for(t: Tensor, stream: Stream) -> None:
 
 
 def _device_mismatch(op: Op, args: tuple[Any, ...]) -> None:
-    T = _tensor_cls()
+    T = Tensor
     devs = [str(a.device) for a in args if isinstance(a, T)]
     shapes = [tuple(a.shape) for a in args if isinstance(a, T)]
     raise OpError(
@@ -417,26 +413,3 @@ def broadcast_shapes(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[i
         if len(_bcast_cache) < 4096:
             _bcast_cache[key] = r
     return r
-
-
-_dtype_cache: dict[tuple[Any, Any], np.dtype[Any]] = {}
-
-
-def result_dtype(a: Any, b: Any) -> np.dtype[Any]:
-    """numpy's result dtype for two dtypes or a dtype and a Python scalar (NEP 50 weak scalars)."""
-    if a is b:
-        return a  # type: ignore[no-any-return]
-    key = (a, b if isinstance(b, np.dtype) else type(b))
-    r = _dtype_cache.get(key)
-    if r is None:
-        r = np.result_type(a, b)
-        _dtype_cache[key] = r
-    return r
-
-
-def shape_of(x: Any) -> tuple[int, ...]:
-    return x._shape if isinstance(x, _tensor_cls()) else np.shape(x)
-
-
-def dtype_of(x: Any) -> Any:
-    return x._dtype if isinstance(x, _tensor_cls()) else x

@@ -44,7 +44,7 @@ class GraphTask:
     """The state of one backward pass; owned by the trio task that runs it and shared with nobody."""
 
     __slots__ = ("capture", "create_graph", "parent", "retain_graph", "retained", "staged", "start_seq",
-                 "stream", "streams", "targets")
+                 "stream", "targets")
 
     def __init__(
         self,
@@ -63,7 +63,6 @@ class GraphTask:
         self.capture: dict[Any, Tensor] = {}
         self.staged: dict[int, list[Any]] = {}  # id(leaf) -> [leaf, summed grad]
         self.retained: list[tuple[Tensor, Tensor]] = []
-        self.streams: set[Stream] = {stream}
         self.start_seq = stream._submitted
 
     def _discover(self, roots: list[tuple[Any, int]]) -> tuple[dict[Node, int], set[Node] | None]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..devices import INLINE_MAX_ELEMENTS
 from ._dispatch import wait_for
 from ._runtime import current_stream
@@ -43,7 +41,3 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any) -> Tensor:
     t._seq = stream.submit(job)
     t._stream = stream
     return t
-
-
-def as_array(x: Any) -> Any:
-    return x._value() if isinstance(x, Tensor) else np.asarray(x)

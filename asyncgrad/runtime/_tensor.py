@@ -439,7 +439,3 @@ class Tensor:
 
 
 _dispatch.Tensor = Tensor  # type: ignore[attr-defined]
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
