@@ -69,29 +69,33 @@ class GraphTask:
         deps: dict[Node, int] = {}
         stack = [n for n, _ in roots if isinstance(n, Node)]
         seen: set[Node] = set(stack)
-        order: list[Node] = []
+        order: list[Node] | None = None if self.targets is None or self.parent is not None else []
+        get = deps.get
         while stack:
             node = stack.pop()
-            if node._released:
+            if (node.args is None) if type(node) is OpNode else node._released:
                 raise RuntimeError(RETAIN_MSG)
-            order.append(node)
+            if order is not None:
+                order.append(node)
             for e in node.next:
-                if e is not None and isinstance(e[0], Node):
+                if e is not None:
                     tgt = e[0]
-                    deps[tgt] = deps.get(tgt, 0) + 1
-                    if tgt not in seen:
-                        seen.add(tgt)
-                        stack.append(tgt)
-        if self.targets is None or self.parent is not None:
+                    if isinstance(tgt, Node):
+                        deps[tgt] = get(tgt, 0) + 1
+                        if tgt not in seen:
+                            seen.add(tgt)
+                            stack.append(tgt)
+        if order is None:
             return deps, None
         # with explicit inputs, run only nodes from which some input is reachable (reverse topological)
         runs: set[Node] = set()
+        targets: set[Any] = self.targets  # type: ignore[assignment]  # order exists only with targets
         for node in reversed(_topo(order, deps)):
             for e in node.next:
                 if e is not None and (
-                    e[0] in runs or (e[0], e[1]) in self.targets
+                    e[0] in runs or (e[0], e[1]) in targets
                     if isinstance(e[0], Node)
-                    else id(e[0]) in self.targets
+                    else id(e[0]) in targets
                 ):
                     runs.add(node)
                     break
@@ -127,9 +131,15 @@ class GraphTask:
         create, release, targets = self.create_graph, not self.retain_graph, self.targets
         task_stream = self.stream
         budget_end = clock() + TIME_BUDGET_S
+        nxt: Any = None  # the one ready node, kept off the heap while nothing else is ready
         with _grad_mode.set_grad_enabled(create):
-            while heap:
-                node = heappop(heap)[1]
+            while True:
+                if nxt is not None:
+                    node, nxt = nxt, None
+                elif heap:
+                    node = heappop(heap)[1]
+                else:
+                    break
                 gouts = buffers.pop(node, None)
                 gins = None
                 if gouts is not None and (gouts[0] is not None or any(g is not None for g in gouts)):
@@ -168,7 +178,13 @@ class GraphTask:
                         left = deps[tgt] - 1
                         deps[tgt] = left
                         if left == 0:
-                            heappush(heap, (-tgt.seq, tgt))
+                            if nxt is None and not heap:
+                                nxt = tgt  # a chain: no priority to keep, skip the heap
+                            else:
+                                if nxt is not None:
+                                    heappush(heap, (-nxt.seq, nxt))
+                                    nxt = None
+                                heappush(heap, (-tgt.seq, tgt))
                     elif g is not None:
                         self._to_leaf(tgt, g)
                 if clock() > budget_end:
