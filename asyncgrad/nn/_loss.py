@@ -45,16 +45,14 @@ class CrossEntropyLoss(_Loss):
         self.label_smoothing = label_smoothing
 
     def forward(self, input: Tensor, target: Any) -> Tensor:
-        kw: dict[str, Any] = {}
-        if self.weight is not None:
-            kw["weight"] = self.weight
-        if self.ignore_index != -100:
-            kw["ignore_index"] = self.ignore_index
-        if self.reduction != "mean":
-            kw["reduction"] = self.reduction
-        if self.label_smoothing:
-            kw["label_smoothing"] = self.label_smoothing
-        return F.cross_entropy(input, target, **kw)
+        return F.cross_entropy(
+            input,
+            target,
+            weight=self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
 
 
 class NLLLoss(_Loss):
@@ -68,14 +66,9 @@ class NLLLoss(_Loss):
         self.ignore_index = ignore_index
 
     def forward(self, input: Tensor, target: Any) -> Tensor:
-        kw: dict[str, Any] = {}
-        if self.weight is not None:
-            kw["weight"] = self.weight
-        if self.ignore_index != -100:
-            kw["ignore_index"] = self.ignore_index
-        if self.reduction != "mean":
-            kw["reduction"] = self.reduction
-        return F.nll_loss(input, target, **kw)
+        return F.nll_loss(
+            input, target, weight=self.weight, ignore_index=self.ignore_index, reduction=self.reduction
+        )
 
 
 class MSELoss(_Loss):
@@ -98,11 +91,6 @@ class BCEWithLogitsLoss(_Loss):
         self.register_buffer("pos_weight", pos_weight)
 
     def forward(self, input: Tensor, target: Any) -> Tensor:
-        kw: dict[str, Any] = {}
-        if self.weight is not None:
-            kw["weight"] = self.weight
-        if self.pos_weight is not None:
-            kw["pos_weight"] = self.pos_weight
-        if self.reduction != "mean":
-            kw["reduction"] = self.reduction
-        return F.binary_cross_entropy_with_logits(input, target, **kw)
+        return F.binary_cross_entropy_with_logits(
+            input, target, weight=self.weight, pos_weight=self.pos_weight, reduction=self.reduction
+        )
