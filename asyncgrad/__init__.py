@@ -12,10 +12,23 @@ Example::
     ag.run(main)
 """
 
-from . import hosting as hosting
+from typing import TYPE_CHECKING, Any
+
 from . import nn, optim
 from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
 
+if TYPE_CHECKING:
+    from . import hosting
+
 __version__ = "0.1.0"
 __all__ = [*_runtime_all, "hosting", "nn", "optim"]
+
+
+def __getattr__(name: str) -> Any:
+    # `hosting` pulls in asyncio (~3 MB resident); load it only for programs that use it
+    if name == "hosting":
+        import importlib
+
+        return importlib.import_module(".hosting", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

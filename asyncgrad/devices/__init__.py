@@ -18,19 +18,28 @@ from ._device import (
     StreamPool,
     Synchronize,
 )
-from ._stream import Event, KernelError, Lane, Stream, StreamStatistics
+from ._hostmem import MIN_BYTES as HOST_CACHE_MIN_BYTES
+from ._hostmem import HostCache, HostCacheStatistics, lane_empty, private_base
+from ._stream import Event, KernelError, Lane, Stream, StreamStatistics, current_lane, run_parts
 
 __all__ = [
+    "HOST_CACHE_MIN_BYTES",
     "INLINE_MAX_ELEMENTS",
     "CPUDevice",
     "Device",
     "DeviceStatistics",
     "Event",
     "GetStatistics",
+    "HostCache",
+    "HostCacheStatistics",
     "KernelError",
     "Lane",
     "Stream",
     "StreamPool",
     "StreamStatistics",
     "Synchronize",
+    "current_lane",
+    "lane_empty",
+    "private_base",
+    "run_parts",
 ]

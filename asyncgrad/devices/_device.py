@@ -13,12 +13,16 @@ import attrs
 import trio
 
 from ..actors import Actor
+from ._hostmem import HostCache
 from ._stream import Lane, Stream
 
 # Kernels whose output has at most this many elements may run inline on the calling thread when their
 # stream is idle: a hand-off to a lane costs ~10 us round trip, far more than such a kernel (measured in
 # benchmarks/bench.py W2; numpy ufuncs under ~500 elements do not even release the GIL).
 INLINE_MAX_ELEMENTS = 4096
+
+# Free host buffers a CPU device keeps for reuse (see `_hostmem`); live arrays are not counted.
+DEFAULT_HOST_CACHE_BYTES = 256 << 20
 
 
 @attrs.frozen
@@ -141,9 +145,17 @@ class CPUDevice(Device):
 
     type = "cpu"
 
-    def __init__(self, index: int = 0, *, lanes: int | None = None, blas_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        index: int = 0,
+        *,
+        lanes: int | None = None,
+        blas_threads: int | None = None,
+        host_cache_bytes: int = DEFAULT_HOST_CACHE_BYTES,
+    ) -> None:
         super().__init__(index)
         self._blas_threads = blas_threads
+        self.host_cache = HostCache(host_cache_bytes)
         n = lanes if lanes is not None else (os.cpu_count() or 1)
         if n < 1:
             raise ValueError(f"a CPU device needs at least one lane, got lanes={n}")
@@ -169,7 +181,11 @@ class CPUDevice(Device):
         return s
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        self._lanes = [Lane(str(self), i, self._blas_threads) for i in range(self._lane_count)]
+        self._lanes = [
+            Lane(str(self), i, self._blas_threads, self.host_cache) for i in range(self._lane_count)
+        ]
+        for lane in self._lanes:
+            lane.siblings = [other for other in self._lanes if other is not lane]
         cancelled = True
         try:
             await super().run(task_status=task_status)
@@ -183,3 +199,4 @@ class CPUDevice(Device):
             for lane in self._lanes:
                 lane.join()
             self._lanes = []
+            self.host_cache.close()

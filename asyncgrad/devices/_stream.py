@@ -17,10 +17,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from . import _hostmem
+from ._hostmem import HostCache
+
 if TYPE_CHECKING:
     from ._device import Device
 
 _stream_ids = itertools.count()
+_tls = _hostmem._tls  # per lane thread: the lane itself and its device's host cache
 
 
 class KernelError(RuntimeError):
@@ -41,11 +45,17 @@ class StreamStatistics:
 class Lane:
     """A worker thread that runs the jobs of the streams bound to it, in FIFO order."""
 
-    def __init__(self, device_name: str, index: int, blas_threads: int | None = None) -> None:
+    def __init__(
+        self, device_name: str, index: int, blas_threads: int | None = None, cache: HostCache | None = None
+    ) -> None:
         self.index = index
         self._blas_threads = blas_threads
+        self._cache = cache
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.streams_bound = 0
+        self.siblings: list[Lane] = []  # the device's other lanes, which may help with a big kernel
+        self._idle = False  # waiting for work with an empty queue (read by siblings offering help)
+        self.parts_run = 0  # slices of siblings' kernels this lane ran (see `run_parts`)
         self._discard = False  # set on shutdown: queued jobs are skipped, not run
         self._thread = threading.Thread(
             target=self._main, name=f"asyncgrad-{device_name}-lane{index}", daemon=True
@@ -58,12 +68,22 @@ class Lane:
     def _main(self) -> None:
         if self._blas_threads is not None:
             _limit_blas_in_this_thread(self._blas_threads)
-        get = self._queue.get
+        _tls.lane = self
+        _tls.cache = self._cache
+        q = self._queue
+        get = q.get
         while True:
+            if q.empty():
+                self._idle = True
             item = get()
+            self._idle = False
             if item is None:
                 return
             stream, seq, job, marker = item
+            if stream is None:  # a part of a sibling's kernel (`run_parts`)
+                if job.run_if_unclaimed():
+                    self.parts_run += 1
+                continue
             # markers only signal: they run even after a failed kernel and on shutdown, so nobody
             # waits forever on a stream whose kernels were dropped
             if marker or (stream._error is None and not self._discard):
@@ -86,6 +106,62 @@ class Lane:
     @property
     def thread(self) -> threading.Thread:
         return self._thread
+
+
+class _Part:
+    """One slice of a kernel split across lanes: run by whichever lane claims it first."""
+
+    __slots__ = ("_claim", "done", "exc", "fn")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn: Callable[[], None] | None = fn
+        self._claim = threading.Lock()
+        self.done = threading.Event()
+        self.exc: BaseException | None = None
+
+    def run_if_unclaimed(self) -> bool:
+        if not self._claim.acquire(blocking=False):
+            return False
+        fn, self.fn = self.fn, None  # a stale queue entry must not keep the kernel's arrays alive
+        assert fn is not None
+        try:
+            fn()
+        except BaseException as e:  # re-raised by the lane that split the kernel
+            self.exc = e
+        finally:
+            self.done.set()
+        return True
+
+
+def run_parts(parts: list[Callable[[], None]]) -> None:
+    """Run independent slices of one kernel, lending all but the first to idle sibling lanes.
+
+    Called from a kernel on a lane. The calling lane runs the first part, then claims every part no
+    sibling has started; it waits only for parts a sibling is running already, so a busy sibling never
+    delays it. Off a lane, or with no idle sibling, the parts simply run in order here.
+    """
+    lane: Lane | None = getattr(_tls, "lane", None)
+    helpers = [s for s in lane.siblings if s._idle] if lane is not None else []
+    if not helpers or len(parts) < 2:
+        for fn in parts:
+            fn()
+        return
+    lent = [_Part(fn) for fn in parts[1 : len(helpers) + 1]]
+    for helper, part in zip(helpers, lent):
+        helper._queue.put((None, 0, part, False))
+    parts[0]()
+    for fn in parts[len(lent) + 1 :]:
+        fn()
+    for part in lent:
+        if not part.run_if_unclaimed():
+            part.done.wait()
+        if part.exc is not None:
+            raise part.exc
+
+
+def current_lane() -> Lane | None:
+    """The lane running the calling thread's kernel (None off the lanes)."""
+    return getattr(_tls, "lane", None)
 
 
 def _limit_blas_in_this_thread(n: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import INLINE_MAX_ELEMENTS, Stream
+from ..devices import HOST_CACHE_MIN_BYTES, INLINE_MAX_ELEMENTS, Stream, lane_empty
 from . import _grad_mode
 from ._runtime import _NO_RUNTIME, NoRuntimeError, _current, current_stream
 
@@ -28,7 +28,7 @@ _node_seq = itertools.count(1)
 class Op:
     """A differentiable (or not) operation: kernel, meta and backward rule, registered by name."""
 
-    __slots__ = ("kernel", "meta", "name", "rule", "save_out")
+    __slots__ = ("fills_out", "kernel", "meta", "name", "rule", "save_out")
 
     def __init__(
         self,
@@ -43,6 +43,8 @@ class Op:
         self.meta = meta
         self.rule = rule
         self.save_out = save_out
+        # a ufunc can write a large result into a buffer from the lane's host cache (see `_enqueue`)
+        self.fills_out = isinstance(kernel, np.ufunc)
 
     def __repr__(self) -> str:
         return f"<Op {self.name}>"
@@ -361,12 +363,24 @@ def _enqueue(
             wait_for(a, stream)
     out = T._pending(shape, dtype, dev, stream)
     kernel = op.kernel
+    if op.fills_out and math.prod(shape) * dtype.itemsize >= HOST_CACHE_MIN_BYTES:
 
-    def job() -> None:
-        res = kernel(*[a._data if isinstance(a, T) else a for a in args], **kw)
-        if res.dtype != dtype:
-            res = res.astype(dtype)
-        out._data = res
+        def job() -> None:
+            arrays = [a._data if isinstance(a, T) else a for a in args]
+            # only where the ufunc would compute in `dtype` and give a C-ordered result anyway
+            if all(x.dtype == dtype and x.flags.c_contiguous for x in arrays if isinstance(x, np.ndarray)):
+                out._data = kernel(*arrays, out=lane_empty(shape, dtype), **kw)
+                return
+            res = kernel(*arrays, **kw)
+            out._data = res if res.dtype == dtype else res.astype(dtype)
+
+    else:
+
+        def job() -> None:
+            res = kernel(*[a._data if isinstance(a, T) else a for a in args], **kw)
+            if res.dtype != dtype:
+                res = res.astype(dtype)
+            out._data = res
 
     out._seq = stream.submit(job)
     return out

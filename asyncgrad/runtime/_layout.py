@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import private_base
 from . import _grad_mode
 
 
@@ -109,7 +110,7 @@ def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool) -> Any:
 
     def job() -> None:
         garr, param = g._data, leaf._data
-        if unique and garr.base is None and obeys_contract(garr, param):
+        if unique and private_base(garr) and obeys_contract(garr, param):
             out._data = garr
             rt.grads_stolen += 1
         else:

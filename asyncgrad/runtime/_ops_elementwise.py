@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import lane_empty
 from ._dispatch import EMPTY, Op, OpError, apply, apply1, apply2, broadcast_shapes, defop
 from ._tensor import Tensor
+from ._xp import NP
 
 _udtype: dict[tuple[Any, Any, Any], np.dtype[Any]] = {}
 
@@ -191,7 +193,10 @@ def _sigmoid_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> 
 
 def _relu_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     # multiplying by the mask is ~8x faster than np.where on float32 (measured: 30 vs 250 us on 128x512)
-    return (g * (args[0] > 0),)
+    a = args[0]
+    if xp is NP and g.dtype == a.dtype and g.flags.c_contiguous and g.shape == a.shape:
+        return (np.multiply(g, a > 0, out=lane_empty(g.shape, g.dtype)),)
+    return (g * (a > 0),)
 
 
 def _sqrt_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
@@ -213,6 +218,8 @@ def _sigmoid_kernel(a: np.ndarray) -> np.ndarray:
 
 
 def _relu_kernel(a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "f" and a.flags.c_contiguous:
+        return np.maximum(a, 0, out=lane_empty(a.shape, a.dtype))
     return np.maximum(a, 0)
 
 

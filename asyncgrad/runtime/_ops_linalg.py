@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import HOST_CACHE_MIN_BYTES, current_lane, lane_empty, run_parts
 from ._dispatch import OpError, apply, broadcast_shapes, defop
 from ._tensor import Tensor
-from ._xp import sum_to
+from ._xp import NP, sum_to
 
 
 def _matmul_meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
@@ -61,7 +62,43 @@ def _matmul_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> t
     return (ga, gb)
 
 
-OP_MATMUL = defop("matmul", np.matmul, _matmul_meta, _matmul_rule)
+# A 2-D product of at least this many flops is split across idle sibling lanes. Lending a slice costs
+# a thread wake-up and a GIL hand-off (tens of us, up to a loop tick under load), so each slice
+# should be worth well over that: at ~25 GFLOP/s per core this is ~1 ms of single-core work.
+SPLIT_MIN_FLOPS = 24_000_000
+
+
+def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul``; a large 2-D product writes into a cached buffer, split across idle lanes."""
+    if a.ndim != 2 or b.ndim != 2:
+        return np.matmul(a, b)
+    m, k = a.shape
+    n = b.shape[1]
+    dtype = np.result_type(a.dtype, b.dtype)
+    if m * n * dtype.itemsize < HOST_CACHE_MIN_BYTES and 2 * m * n * k < SPLIT_MIN_FLOPS:
+        return np.matmul(a, b)
+    out = lane_empty((m, n), dtype)
+    lane = current_lane()
+    ways = 1 + sum(s._idle for s in lane.siblings) if lane is not None else 1
+    if ways < 2 or 2 * m * n * k < SPLIT_MIN_FLOPS:
+        np.matmul(a, b, out=out)
+        return out
+    # split the longer side of the output into contiguous row blocks or column blocks
+    rows = m >= n
+    length = m if rows else n
+    ways = min(ways, length)
+    cuts = [length * i // ways for i in range(ways + 1)]
+
+    def part(lo: int, hi: int) -> Any:
+        if rows:
+            return lambda: np.matmul(a[lo:hi], b, out=out[lo:hi])
+        return lambda: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
+
+    run_parts([part(cuts[i], cuts[i + 1]) for i in range(ways)])
+    return out
+
+
+OP_MATMUL = defop("matmul", matmul_kernel, _matmul_meta, _matmul_rule)
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -70,6 +107,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _install() -> None:
+    NP.matmul = staticmethod(matmul_kernel)  # type: ignore[assignment,arg-type]
     Tensor.__matmul__ = lambda s, o: apply(OP_MATMUL, (s, o))  # type: ignore[attr-defined,method-assign]
     Tensor.__rmatmul__ = lambda s, o: apply(OP_MATMUL, (o, s))  # type: ignore[attr-defined,method-assign]
     Tensor.matmul = matmul  # type: ignore[attr-defined,method-assign]

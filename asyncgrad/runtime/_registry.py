@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from ..actors import Actor, ActorClosedError
+from ..devices import private_base
 from ._apply import BackwardError
 from ._hooks import HookTable
 from ._layout import accumulate
@@ -121,11 +122,7 @@ class LeafOwner(Actor):
             # `g` and getrefcount's argument; its array is held by g alone (its base by the array alone)
             arr = g._data
             if arr is not None:
-                unique = (
-                    sys.getrefcount(g) == 2
-                    and sys.getrefcount(arr) == 3
-                    and (arr.base is None or sys.getrefcount(arr.base) == 2)
-                )
+                unique = sys.getrefcount(g) == 2 and sys.getrefcount(arr) == 3 and private_base(arr)
             else:  # still computing: the kernel that makes it marked it if its array is shared
                 unique = sys.getrefcount(g) == 2 and not g.__dict__.get("_aliased", False)
             del arr

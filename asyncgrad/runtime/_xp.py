@@ -37,7 +37,7 @@ class NP:
     sign = staticmethod(np.sign)
     abs = staticmethod(np.abs)
     where = staticmethod(np.where)
-    matmul = staticmethod(np.matmul)
+    matmul = staticmethod(np.matmul)  # _ops_linalg swaps in its lane-aware kernel
     swapaxes = staticmethod(np.swapaxes)
     transpose = staticmethod(np.transpose)
     expand_dims = staticmethod(np.expand_dims)

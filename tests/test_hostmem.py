@@ -1,0 +1,174 @@
+"""The CPU device's host cache (large kernel outputs reuse freed buffers) and kernels split across lanes."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+import asyncgrad as ag
+from asyncgrad.devices import HOST_CACHE_MIN_BYTES, HostCache, private_base, run_parts
+from asyncgrad.runtime._ops_linalg import SPLIT_MIN_FLOPS
+
+TIMEOUT = 30
+BIG = (HOST_CACHE_MIN_BYTES // 8 + 100,)  # float64 elements just over the pooling threshold
+
+
+def test_a_dead_array_gives_its_buffer_back() -> None:
+    cache = HostCache(1 << 30)
+    a = cache.empty(BIG, np.float64)
+    addr = a.ctypes.data
+    del a
+    assert cache.statistics().recycled == 1
+    b = cache.empty(BIG, np.float64)
+    assert b.ctypes.data == addr
+    assert cache.statistics().hits == 1
+
+
+def test_a_buffer_with_a_live_view_is_never_handed_out_again() -> None:
+    cache = HostCache(1 << 30)
+    a = cache.empty(BIG, np.float64)
+    a[:] = 7.0
+    view = a[10:20]
+    del a
+    s = cache.statistics()
+    assert (s.recycled, s.released) == (0, 1)
+    b = cache.empty(BIG, np.float64)
+    b[:] = -1.0
+    assert np.all(view == 7.0)
+    assert b.ctypes.data != view.ctypes.data - 80
+
+
+def test_small_arrays_are_not_pooled_and_the_cap_holds() -> None:
+    cache = HostCache(max_cached_bytes=0)
+    small = cache.empty((4,), np.float32)
+    assert small.base is None
+    a = cache.empty(BIG, np.float64)
+    del a
+    s = cache.statistics()
+    assert (s.recycled, s.released, s.cached_bytes) == (0, 1, 0)
+
+
+def test_empty_cache_and_close_drop_the_free_buffers() -> None:
+    cache = HostCache(1 << 30)
+    arrays = [cache.empty(BIG, np.float64) for _ in range(3)]
+    del arrays
+    assert cache.statistics().cached_bytes >= 3 * HOST_CACHE_MIN_BYTES
+    cache.empty_cache()
+    assert cache.statistics().cached_bytes == 0
+    cache.close()
+    a = cache.empty(BIG, np.float64)
+    del a
+    assert cache.statistics().cached_bytes == 0
+
+
+def test_private_base_sees_other_views() -> None:
+    cache = HostCache(1 << 30)
+    a = cache.empty(BIG, np.float64)
+    assert private_base(a)
+    v = a[1:]
+    assert not private_base(a)
+    del v
+    assert private_base(a)
+    plain = np.zeros(5)
+    assert private_base(plain)
+    assert not private_base(plain[1:])  # `plain` itself still holds the memory
+
+
+async def test_values_held_by_the_user_survive_buffer_reuse() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((300, 300))
+    async with ag.open_runtime() as rt:
+        t = ag.tensor(w) * 2.0
+        held = t.numpy()  # the user keeps the array itself
+        expect = held.copy()
+        del t
+        for _ in range(5):
+            u = ag.tensor(w) * 3.0
+            await u.ready()
+            del u
+        np.testing.assert_array_equal(held, expect)
+        assert rt.devices["cpu"].host_cache.statistics().hits >= 3  # the other products did reuse
+
+
+async def test_a_big_gradient_from_a_pooled_buffer_is_stolen_not_copied() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((256, 384))
+    w = rng.standard_normal((384, 256))
+    async with ag.open_runtime() as rt:
+        W = ag.tensor(w, requires_grad=True)
+        before = rt.statistics()
+        loss = (ag.tensor(x) @ W).sum()
+        await loss.backward()
+        after = rt.statistics()
+        assert after.grads_stolen - before.grads_stolen == 1
+        assert after.grads_copied == before.grads_copied
+        np.testing.assert_allclose(W.grad.numpy(), x.sum(0)[:, None] * np.ones((1, 256)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(600, 200, 300), (64, 700, 900), (9, 3000, 1000)])
+async def test_a_split_matmul_and_its_gradients_match_numpy(shape: tuple[int, int, int]) -> None:
+    m, k, n = shape
+    assert 2 * m * n * k >= SPLIT_MIN_FLOPS
+    rng = np.random.default_rng(2)
+    a, b, g = rng.standard_normal((m, k)), rng.standard_normal((k, n)), rng.standard_normal((m, n))
+    async with ag.open_runtime(lanes=2):
+        with trio.fail_after(TIMEOUT):
+            A, B = ag.tensor(a, requires_grad=True), ag.tensor(b, requires_grad=True)
+            out = A @ B
+            await out.backward(ag.tensor(g))
+            np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(A.grad.numpy(), g @ b.T, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(B.grad.numpy(), a.T @ g, rtol=1e-12, atol=1e-12)
+
+
+async def _idle_lanes(rt: Any) -> list[Any]:
+    lanes = rt.devices["cpu"]._lanes
+    with trio.fail_after(TIMEOUT):
+        while not all(lane._idle for lane in lanes):
+            await trio.sleep(0.001)  # OS threads reaching their queue: not a trio task to wait on
+    return lanes  # type: ignore[no-any-return]
+
+
+async def test_an_idle_sibling_lane_runs_a_lent_part() -> None:
+    async with ag.open_runtime(lanes=2) as rt:
+        lanes = await _idle_lanes(rt)
+        second_ran = threading.Event()
+        ran_on: dict[str, str] = {}
+
+        def first() -> None:
+            # finishes only once another lane ran the second part: the owner never could, meanwhile
+            assert second_ran.wait(TIMEOUT), "no sibling lane picked up the lent part"
+            ran_on["first"] = threading.current_thread().name
+
+        def second() -> None:
+            ran_on["second"] = threading.current_thread().name
+            second_ran.set()
+
+        stream = rt.devices["cpu"].pool.acquire()
+        stream.submit(lambda: run_parts([first, second]))
+        await stream.synchronize()
+        assert ran_on["first"] != ran_on["second"]
+        assert sum(lane.parts_run for lane in lanes) == 1
+
+
+async def test_a_failing_part_fails_its_kernel() -> None:
+    async with ag.open_runtime(lanes=2) as rt:
+        await _idle_lanes(rt)
+
+        def boom() -> None:
+            raise ValueError("part failed")
+
+        stream = rt.devices["cpu"].pool.acquire()
+        stream.submit(lambda: run_parts([lambda: None, boom]))
+        with pytest.raises(ag.devices.KernelError, match="part failed"):
+            await stream.synchronize()
+
+
+def test_off_a_lane_parts_run_in_order() -> None:
+    order: list[int] = []
+    run_parts([lambda: order.append(0), lambda: order.append(1), lambda: order.append(2)])
+    assert order == [0, 1, 2]
