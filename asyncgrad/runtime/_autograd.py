@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextvars
 import itertools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any
 
 import numpy as np
 import trio
 
 from ._apply import in_plain_backward
-from ._engine import GraphTask
+from ._engine import GraphTask, _Nest, trampoline_here
 from ._registry import prepare_and_commit
 from ._runtime import Runtime, _task_streams, _TaskStreams, current_runtime, current_stream
 from ._tensor import Tensor
@@ -107,27 +107,48 @@ class _Box:
 _current_box: contextvars.ContextVar[_Box | None] = contextvars.ContextVar("asyncgrad_pass_box", default=None)
 
 
-async def _in_own_task(rt: Runtime, body: Any) -> None:
-    """Run ``await body()`` as a task of the runtime's nursery, on the caller's streams; wait for it.
+def _run_pass(rt: Runtime, body: Coroutine[Any, Any, Any]) -> Awaitable[Any]:
+    """Where a pass (the coroutine ``body``) runs; await the result for what ``body`` returns.
 
-    A top-level pass (not started from inside another pass's backward function) runs right in the
-    caller's task: nothing nests there, and it saves a task spawn per backward.
+    * A top-level pass (not started from inside another pass's backward function) runs right in the
+      caller's task: nothing nests there.
+    * A pass nested in a backward function of a pass in this same task runs on the task's trampoline
+      (`_engine._Nest`): in the same task, with no task spawn, and cancelled with its caller.
+    * A pass started from another task while a pass is running (a backward function that starts passes
+      in its own nursery) runs as a task of the runtime's nursery, on the caller's streams.
+
+    Call it from the coroutine that awaits the result (it looks at the task it runs in).
     """
     if current_graph_task.get() is None:
-        # like any trio async function, a pass is a checkpoint even when all its work ran inline
+        return _top_level(body)
+    if trampoline_here():
+        return _Nest(body)
+    return _in_own_task(rt, body)
+
+
+async def _top_level(body: Coroutine[Any, Any, Any]) -> Any:
+    # like any trio async function, a pass is a checkpoint even when all its work ran inline
+    try:
         await trio.lowlevel.checkpoint_if_cancelled()
-        root = _Box()
-        token = _current_box.set(root)
-        try:
-            await body()
-        except trio.Cancelled:
-            root.cancel_tree()
-            raise
-        finally:
-            current_graph_task.set(None)
-            _current_box.reset(token)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return
+    except BaseException:
+        body.close()
+        raise
+    root = _Box()
+    token = _current_box.set(root)
+    try:
+        result = await body
+    except trio.Cancelled:
+        root.cancel_tree()
+        raise
+    finally:
+        current_graph_task.set(None)
+        _current_box.reset(token)
+    await trio.lowlevel.cancel_shielded_checkpoint()
+    return result
+
+
+async def _in_own_task(rt: Runtime, body: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``body`` as a task of the runtime's nursery, on the caller's streams; wait for it."""
     current_stream(rt.cpu)  # make sure the caller has its streams, to lend them to the pass
     caller_streams = _task_streams.get()
     done = trio.Event()
@@ -137,10 +158,12 @@ async def _in_own_task(rt: Runtime, body: Any) -> None:
         parent.children.append(box)
         if parent.cancelled:
             box.cancelled = True
+    result: list[Any] = []
 
     async def task_main() -> None:
         try:
             if box.cancelled:
+                body.close()
                 return
             ts = _TaskStreams(trio.lowlevel.current_task())
             ts.by_device = caller_streams.by_device  # type: ignore[union-attr]
@@ -151,7 +174,7 @@ async def _in_own_task(rt: Runtime, body: Any) -> None:
                 if box.cancelled:
                     cs.cancel()
                 try:
-                    await body()
+                    result.append(await body)
                     box.ok = True
                 except Exception as e:
                     box.error = e
@@ -176,6 +199,7 @@ async def _in_own_task(rt: Runtime, body: Any) -> None:
         # is shutting down: report it as cancellation if it is one
         await trio.lowlevel.checkpoint_if_cancelled()
         raise RuntimeError("a nested backward pass was cancelled (its runtime is closing)")
+    return result[0]
 
 
 def _targets_of(what: str, inputs: Any) -> tuple[list[Tensor], list[Any]]:
@@ -225,24 +249,34 @@ def backward(
 async def _backward(
     rt: Runtime, outputs: list[Tensor], grads: list[Tensor], retain: bool, create: bool, targets: Any
 ) -> None:
-    async def body() -> None:
-        task = GraphTask(current_stream(rt.cpu), retain_graph=retain, create_graph=create, targets=targets)
-        current_graph_task.set(task)
-        rt.graph_tasks_started += 1
-        try:
-            await task.run(outputs, grads)
-            staged = list(task.staged.values())
-            task.staged.clear()
-            await prepare_and_commit(
-                rt, task.stream, staged, commit=True, create_graph=create, task_id=next(_task_ids)
-            )
+    body = _backward_body(rt, outputs, grads, retain, create, targets)
+    del outputs, grads, targets  # the body has them: not kept twice while it runs
+    await _run_pass(rt, body)
+
+
+async def _backward_body(
+    rt: Runtime, outputs: list[Tensor], grads: list[Tensor], retain: bool, create: bool, targets: Any
+) -> None:
+    if current_graph_task.get() is not None:
+        # a nested pass is a checkpoint (and a schedule point) on entry, as a pass in its own task was
+        await trio.lowlevel.checkpoint()
+    task = GraphTask(current_stream(rt.cpu), retain_graph=retain, create_graph=create, targets=targets)
+    current_graph_task.set(task)
+    rt.graph_tasks_started += 1
+    try:
+        await task.run(outputs, grads)
+        del outputs, grads
+        staged = list(task.staged.values())
+        task.staged.clear()
+        await prepare_and_commit(
+            rt, task.stream, staged, commit=True, create_graph=create, task_id=next(_task_ids)
+        )
+        if task.retained:
             for t, g in task.retained:
                 g = g if create else g.detach()
                 t._grad = g if t._grad is None else t._grad + g
-        finally:
-            rt.graph_tasks_finished += 1
-
-    await _in_own_task(rt, body)
+    finally:
+        rt.graph_tasks_finished += 1
 
 
 def grad(
@@ -273,32 +307,41 @@ async def _grad(
     rt: Runtime, outs: list[Tensor], grads: list[Tensor], ins: list[Tensor], keys: list[Any],
     retain: bool, create: bool, allow_unused: bool, parent: GraphTask | None,
 ) -> tuple[Tensor | None, ...]:
-    result: list[Tensor | None] = []
+    body = _grad_body(rt, outs, grads, ins, keys, retain, create, allow_unused, parent)
+    del outs, grads, ins, keys  # as in `_backward`
+    return await _run_pass(rt, body)  # type: ignore[no-any-return]
 
-    async def body() -> None:
-        task = GraphTask(
-            current_stream(rt.cpu), retain_graph=retain, create_graph=create, targets=set(keys), parent=parent
-        )
-        current_graph_task.set(task)
-        rt.graph_tasks_started += 1
-        try:
-            await task.run(outs, grads)
-            leaf_entries = [task.staged[k] for k in keys if isinstance(k, int) and k in task.staged]
-            await prepare_and_commit(rt, task.stream, leaf_entries, commit=False, create_graph=create, task_id=0)
-            for t, k in zip(ins, keys):
-                entry = task.staged.get(k) if t._grad_fn is None else None
-                g = entry[1] if entry is not None else task.capture.get(k)
-                if g is None and not allow_unused:
-                    raise RuntimeError(
-                        "grad: one of the differentiated Tensors appears to not have been used in the graph; "
-                        "set allow_unused=True if this is the desired behavior"
-                    )
-                result.append(g if g is None or create else g.detach())
-        finally:
-            rt.graph_tasks_finished += 1
 
-    await _in_own_task(rt, body)
-    return tuple(result)
+async def _grad_body(
+    rt: Runtime, outs: list[Tensor], grads: list[Tensor], ins: list[Tensor], keys: list[Any],
+    retain: bool, create: bool, allow_unused: bool, parent: GraphTask | None,
+) -> tuple[Tensor | None, ...]:
+    if current_graph_task.get() is not None:
+        await trio.lowlevel.checkpoint()  # as in `_backward_body`
+    task = GraphTask(
+        current_stream(rt.cpu), retain_graph=retain, create_graph=create, targets=set(keys), parent=parent
+    )
+    current_graph_task.set(task)
+    rt.graph_tasks_started += 1
+    try:
+        await task.run(outs, grads)
+        del outs, grads
+        leaf_entries = [task.staged[k] for k in keys if isinstance(k, int) and k in task.staged]
+        await prepare_and_commit(rt, task.stream, leaf_entries, commit=False, create_graph=create, task_id=0)
+        capture = task.capture or {}
+        result: list[Tensor | None] = []
+        for t, k in zip(ins, keys):
+            entry = task.staged.get(k) if t._grad_fn is None else None
+            g = entry[1] if entry is not None else capture.get(k)
+            if g is None and not allow_unused:
+                raise RuntimeError(
+                    "grad: one of the differentiated Tensors appears to not have been used in the graph; "
+                    "set allow_unused=True if this is the desired behavior"
+                )
+            result.append(g if g is None or create else g.detach())
+        return tuple(result)
+    finally:
+        rt.graph_tasks_finished += 1
 
 
 async def nested_grad(outs: list[Tensor], grads: list[Tensor], ins: list[Tensor]) -> tuple[Tensor | None, ...]:

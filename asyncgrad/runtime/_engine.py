@@ -11,8 +11,11 @@ owners (`_registry`) only when the whole pass succeeded.
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import time
+import types
+from collections.abc import Coroutine, Generator
 from typing import Any
 
 import trio
@@ -43,8 +46,8 @@ RETAIN_MSG = (
 class GraphTask:
     """The state of one backward pass; owned by the trio task that runs it and shared with nobody."""
 
-    __slots__ = ("capture", "create_graph", "parent", "retain_graph", "retained", "staged", "start_seq",
-                 "stream", "targets")
+    __slots__ = ("busy_event", "capture", "create_graph", "held", "lock", "parent", "retain_graph", "retained",
+                 "staged", "start_seq", "stream", "targets")
 
     def __init__(
         self,
@@ -60,10 +63,15 @@ class GraphTask:
         self.create_graph = create_graph
         self.targets = targets  # None: every leaf; else the keys of the inputs to stop at
         self.parent = parent  # leaves outside `targets` are staged into the parent (checkpoint)
-        self.capture: dict[Any, Tensor] = {}
+        self.capture: dict[Any, Tensor] | None = None  # made on first use (only with targets)
         self.staged: dict[int, list[Any]] = {}  # id(leaf) -> [leaf, summed grad]
-        self.retained: list[tuple[Tensor, Tensor]] = []
+        self.retained: list[tuple[Tensor, Tensor]] | None = None  # made on first use (retain_grad)
         self.start_seq = stream._submitted
+        self.lock = stream.device.apply_lock  # the device's apply lock; `held`: this pass holds it now
+        self.held = False
+        # while this pass is inside an async node (it is then that node's `_busy`), a pass that waits
+        # for the node waits on this event, made by the first such waiter
+        self.busy_event: trio.Event | None = None
 
     def _discover(self, roots: list[tuple[Any, int]]) -> tuple[dict[Node, int], set[Node] | None]:
         deps: dict[Node, int] = {}
@@ -103,36 +111,24 @@ class GraphTask:
 
     async def run(self, outputs: list[Tensor], grads: list[Tensor]) -> None:
         """Run the pass from ``outputs`` (seeded with ``grads``) until no node is left."""
-        roots = [(t._grad_fn, t._out_nr) if t._grad_fn is not None else (t, 0) for t in outputs]
-        deps, runs = self._discover(roots)
-        buffers: dict[Node, list[Any]] = {}
-        for (node, nr), g in zip(roots, grads):
-            if isinstance(node, Node):
-                buf = buffers.setdefault(node, [None] * node.n_outputs)
-                buf[nr] = g if buf[nr] is None else buf[nr] + g
-            else:
-                self._to_leaf(node, g)
+        deps, runs, buffers = self._seed(outputs, grads)
+        del outputs, grads  # not kept alive while the loop is suspended (a deep chain holds every level)
         heap = [(-n.seq, n) for n in buffers if deps.get(n, 0) == 0]
         heapq.heapify(heap)
-        hold = _DeviceHold(self.stream.device.apply_lock)
-        await hold.acquire()
-        try:
-            await self._loop(heap, buffers, deps, runs, hold)
-        finally:
-            if hold.held:
-                hold.release()
-        # let the caller run at most one pass ahead of its stream: wait for the work queued before this
-        # pass, not for the pass's own kernels (they overlap with whatever the caller records next)
-        await self.stream.synchronize(self.start_seq)
-
-    async def _loop(self, heap: list[Any], buffers: dict[Node, list[Any]], deps: dict[Node, int],
-                    runs: set[Node] | None, lock: _DeviceHold) -> None:
         heappop, heappush, clock = heapq.heappop, heapq.heappush, time.perf_counter
         create, release, targets = self.create_graph, not self.retain_graph, self.targets
         task_stream = self.stream
-        budget_end = clock() + TIME_BUDGET_S
         nxt: Any = None  # the one ready node, kept off the heap while nothing else is ready
-        with _grad_mode.set_grad_enabled(create):
+        node: Any
+        gouts: Any
+        gins: Any
+        g: Any
+        buf: Any
+        await self._acquire()
+        # the loop runs with grad mode = create_graph (restored on the way out)
+        mode_token = _grad_mode._grad_enabled.set(create)
+        try:
+            budget_end = clock() + TIME_BUDGET_S
             while True:
                 if nxt is not None:
                     node, nxt = nxt, None
@@ -152,11 +148,11 @@ class GraphTask:
                             gins = apply_op_graph(node, gouts[0])
                         elif node.is_async:
                             # give the device (and the loop) to others while this backward awaits
-                            lock.release()
+                            self._release()
                             try:
-                                gins = await _apply_exclusive(node, gouts)
+                                gins = await self._apply_async(node, gouts)
                             finally:
-                                await lock.acquire()
+                                await self._acquire()
                             budget_end = clock() + TIME_BUDGET_S
                         else:
                             gins = apply_function(node, gouts)
@@ -164,6 +160,7 @@ class GraphTask:
                             gins = _run_post_hooks(node, gins, gouts)
                         if release:
                             node.release()
+                    gouts = None
                 for e, g in zip(node.next, gins) if gins is not None else ((e, None) for e in node.next):
                     if e is None:
                         continue
@@ -188,10 +185,72 @@ class GraphTask:
                     elif g is not None:
                         self._to_leaf(tgt, g)
                 if clock() > budget_end:
-                    lock.release()
+                    self._release()
                     await trio.lowlevel.checkpoint()
-                    await lock.acquire()
+                    await self._acquire()
                     budget_end = clock() + TIME_BUDGET_S
+        finally:
+            _grad_mode._grad_enabled.reset(mode_token)
+            if self.held:
+                self._release()
+        # let the caller run at most one pass ahead of its stream: wait for the work queued before this
+        # pass, not for the pass's own kernels (they overlap with whatever the caller records next)
+        await self.stream.synchronize(self.start_seq)
+
+    def _seed(
+        self, outputs: list[Tensor], grads: list[Tensor]
+    ) -> tuple[dict[Node, int], set[Node] | None, dict[Node, list[Any]]]:
+        """Dependency counts, the nodes to run (None: all), and the gradient buffers seeded with ``grads``."""
+        roots = [(t._grad_fn, t._out_nr) if t._grad_fn is not None else (t, 0) for t in outputs]
+        deps, runs = self._discover(roots)
+        buffers: dict[Node, list[Any]] = {}
+        for (node, nr), g in zip(roots, grads):
+            if isinstance(node, Node):
+                buf = buffers.setdefault(node, [None] * node.n_outputs)
+                buf[nr] = g if buf[nr] is None else buf[nr] + g
+            else:
+                self._to_leaf(node, g)
+        return deps, runs, buffers
+
+    async def _acquire(self) -> None:
+        """Take the device's apply lock (no schedule point when it is free: the pass yields on its budget)."""
+        try:
+            self.lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self.lock.acquire()
+        self.held = True
+
+    def _release(self) -> None:
+        self.held = False
+        self.lock.release()
+
+    def _apply_async(self, node: Any, gouts: list[Any]) -> Any:
+        """Await an async node's backward, with no other pass inside the same node at the same time.
+
+        The first async node a trio task enters runs under a `_Trampoline`, so the passes nested in it
+        (and in them) run in this same task without growing the Python stack; see `_Trampoline`.
+        """
+        if trampoline_here():
+            return self._apply_exclusive(node, gouts)
+        return _drive(self._apply_exclusive(node, gouts))
+
+    async def _apply_exclusive(self, node: Any, gouts: list[Any]) -> list[Any]:
+        while node._busy is not None:
+            other: GraphTask = node._busy
+            if other.busy_event is None:
+                other.busy_event = trio.Event()
+            await other.busy_event.wait()
+        if node._released:
+            raise RuntimeError(RETAIN_MSG)  # the pass we waited for freed it
+        node._busy = self
+        try:
+            return await apply_function_async(node, gouts)
+        finally:
+            node._busy = None
+            ev = self.busy_event
+            if ev is not None:
+                self.busy_event = None
+                ev.set()
 
     def _to_leaf(self, leaf: Tensor, g: Tensor) -> None:
         task: GraphTask | None = self
@@ -221,6 +280,8 @@ class GraphTask:
             for nr, ref in node._retained.items():
                 t = ref()
                 if t is not None and gouts[nr] is not None:
+                    if self.retained is None:
+                        self.retained = []
                     self.retained.append((t, gouts[nr]))
         if node._pre_hooks:
             for fn in list(node._pre_hooks.values()):
@@ -230,43 +291,131 @@ class GraphTask:
         if self.targets is not None:
             for nr in range(len(gouts)):
                 if (node, nr) in self.targets and gouts[nr] is not None:
+                    if self.capture is None:
+                        self.capture = {}
                     self.capture[(node, nr)] = gouts[nr]
         return gouts
 
 
-class _DeviceHold:
-    """The device's apply lock, remembering whether this pass holds it right now."""
+class _Trampoline:
+    """Runs the reentrant passes of one trio task, nested at any depth, on a stack of coroutines.
 
-    __slots__ = ("held", "lock")
+    A backward function that awaits a nested pass cannot simply ``await`` the pass's coroutine: a chain of
+    D nested awaits is resumed through D Python frames at every step, so depth would be bounded by the
+    recursion limit. Spawning a trio task per nested pass keeps the stack flat, at the price of a task,
+    a context, a cancel scope and two scheduler rounds per level. Instead, the first async node a task
+    enters runs under `drive`: a nested pass awaited inside it (`_Nest`) is pushed onto this stack and
+    driven directly by `drive`, which forwards trio's traps from the innermost coroutine to trio and
+    routes results and exceptions back to the coroutine that awaited it. The whole tree of nested passes
+    is then one trio task: cancelling the caller cancels all of it, its cancel scopes nest as plain
+    awaits' would, and the device lock and the streams are the task's own.
+    """
 
-    def __init__(self, lock: trio.Lock) -> None:
-        self.lock = lock
-        self.held = False
+    __slots__ = ("task",)
 
-    async def acquire(self) -> None:
-        try:
-            self.lock.acquire_nowait()  # uncontended: no schedule point (the pass yields on its budget)
-        except trio.WouldBlock:
-            await self.lock.acquire()
-        self.held = True
-
-    def release(self) -> None:
-        self.held = False
-        self.lock.release()
+    def __init__(self) -> None:
+        self.task = trio.lowlevel.current_task()
 
 
-async def _apply_exclusive(node: Any, gouts: list[Any]) -> list[Any]:
-    """Run an async node's backward with no other pass inside the same node at the same time."""
-    while node._busy is not None:
-        await node._busy.wait()
-    if node._released:
-        raise RuntimeError(RETAIN_MSG)  # the pass we waited for freed it
-    ev = node._busy = trio.Event()
+# the trampoline running in this task (a nested pass checks that it is its own task's before using it)
+_trampoline: contextvars.ContextVar[_Trampoline | None] = contextvars.ContextVar(
+    "asyncgrad_trampoline", default=None
+)
+
+
+def trampoline_here() -> bool:
+    """Whether a pass awaited right now runs on this task's trampoline (see `_Nest`)."""
+    tramp = _trampoline.get()
+    return tramp is not None and tramp.task is trio.lowlevel.current_task()
+
+
+class _Nest:
+    """``await _Nest(coro)``: have this task's trampoline run ``coro`` in a copy of the current context.
+
+    Awaiting it yields the `_Nest` itself up to `_drive`, which runs ``coro`` on top of its stack and
+    sends back its result (or throws its exception) when it ends. A plain iterator, not a generator:
+    one small object per nested pass.
+    """
+
+    __slots__ = ("coro", "ctx", "started")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro: Coroutine[Any, Any, Any] | None = coro
+        self.ctx: contextvars.Context | None = contextvars.copy_context()  # as a new task would get
+        self.started = False
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self  # type: ignore[return-value]  # it implements the generator's send/throw/close
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        if not self.started:
+            self.started = True
+            return self  # to `_drive`
+        raise StopIteration(value)  # the nested pass's result
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None:
+            val = typ if isinstance(typ, BaseException) else typ()
+        raise val
+
+    def close(self) -> None:
+        if self.coro is not None:  # never started
+            self.coro.close()
+            self.coro = self.ctx = None
+
+
+@types.coroutine
+def _drive(root: Coroutine[Any, Any, Any]) -> Generator[Any, Any, Any]:
+    """Run ``root`` and every `_Nest` awaited under it in this task, iteratively (see `_Trampoline`)."""
+    token = _trampoline.set(_Trampoline())
+    coros: list[Any] = [root]
+    ctxs: list[contextvars.Context | None] = [None]  # None: the caller's context (root's)
+    value: Any = None
+    error: BaseException | None = None
     try:
-        return await apply_function_async(node, gouts)
+        while True:
+            coro = coros[-1]
+            ctx = ctxs[-1]
+            try:
+                if error is None:
+                    y = coro.send(value) if ctx is None else ctx.run(coro.send, value)
+                else:
+                    e, error = error, None
+                    y = coro.throw(e) if ctx is None else ctx.run(coro.throw, e)
+            except StopIteration as stop:
+                coros.pop()
+                ctxs.pop()
+                if not coros:
+                    return stop.value
+                value = stop.value
+                continue
+            except BaseException as exc:
+                coros.pop()
+                ctxs.pop()
+                if not coros:
+                    raise
+                error, value = exc, None
+                continue
+            coro = ctx = None
+            if type(y) is _Nest:
+                coros.append(y.coro)
+                ctxs.append(y.ctx)
+                y.coro = y.ctx = None
+                value = None
+                continue
+            # one of trio's traps, from the innermost coroutine: trio answers it (or we are thrown into)
+            try:
+                value = yield y
+            except BaseException as exc:
+                error, value = exc, None
+            y = None
     finally:
-        node._busy = None
-        ev.set()
+        _trampoline.reset(token)
+        for c in coros:
+            c.close()  # only after GeneratorExit: the coroutines left unfinished
 
 
 def _topo(order: list[Node], deps: dict[Node, int]) -> list[Node]:
