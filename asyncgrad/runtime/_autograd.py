@@ -264,8 +264,9 @@ async def _backward_body(
     current_graph_task.set(task)
     rt.graph_tasks_started += 1
     try:
-        await task.run(outputs, grads)
-        del outputs, grads
+        run = task.run(outputs, grads)
+        del outputs, grads  # the run has them: not kept twice while it is suspended
+        await run
         staged = list(task.staged.values())
         task.staged.clear()
         await prepare_and_commit(
@@ -324,8 +325,9 @@ async def _grad_body(
     current_graph_task.set(task)
     rt.graph_tasks_started += 1
     try:
-        await task.run(outs, grads)
-        del outs, grads
+        run = task.run(outs, grads)
+        del outs, grads  # as in `_backward_body`
+        await run
         leaf_entries = [task.staged[k] for k in keys if isinstance(k, int) and k in task.staged]
         await prepare_and_commit(rt, task.stream, leaf_entries, commit=False, create_graph=create, task_id=0)
         capture = task.capture or {}

@@ -111,12 +111,10 @@ class GraphTask:
 
     async def run(self, outputs: list[Tensor], grads: list[Tensor]) -> None:
         """Run the pass from ``outputs`` (seeded with ``grads``) until no node is left."""
-        deps, runs, buffers = self._seed(outputs, grads)
+        deps, runs, buffers, heap = self._seed(outputs, grads)
         del outputs, grads  # not kept alive while the loop is suspended (a deep chain holds every level)
-        heap = [(-n.seq, n) for n in buffers if deps.get(n, 0) == 0]
-        heapq.heapify(heap)
         heappop, heappush, clock = heapq.heappop, heapq.heappush, time.perf_counter
-        create, release, targets = self.create_graph, not self.retain_graph, self.targets
+        create, release, targets = bool(self.create_graph), not self.retain_graph, self.targets
         task_stream = self.stream
         nxt: Any = None  # the one ready node, kept off the heap while nothing else is ready
         node: Any
@@ -126,7 +124,9 @@ class GraphTask:
         buf: Any
         await self._acquire()
         # the loop runs with grad mode = create_graph (restored on the way out)
-        mode_token = _grad_mode._grad_enabled.set(create)
+        mode_before = _grad_mode._grad_enabled.get()
+        if mode_before is not create:
+            _grad_mode._grad_enabled.set(create)
         try:
             budget_end = clock() + TIME_BUDGET_S
             while True:
@@ -150,7 +150,18 @@ class GraphTask:
                             # give the device (and the loop) to others while this backward awaits
                             self._release()
                             try:
-                                gins = await self._apply_async(node, gouts)
+                                if node._busy is not None:
+                                    await self._wait_until_free(node)
+                                node._busy = self  # no other pass enters this node until we are out
+                                try:
+                                    if trampoline_here():
+                                        gins = await apply_function_async(node, gouts)
+                                    else:
+                                        # the first async node of this task: the passes nested in it
+                                        # run on a trampoline (see `_Trampoline`)
+                                        gins = await _drive(apply_function_async(node, gouts))
+                                finally:
+                                    self._leave(node)
                             finally:
                                 await self._acquire()
                             budget_end = clock() + TIME_BUDGET_S
@@ -190,7 +201,8 @@ class GraphTask:
                     await self._acquire()
                     budget_end = clock() + TIME_BUDGET_S
         finally:
-            _grad_mode._grad_enabled.reset(mode_token)
+            if mode_before is not create:
+                _grad_mode._grad_enabled.set(mode_before)
             if self.held:
                 self._release()
         # let the caller run at most one pass ahead of its stream: wait for the work queued before this
@@ -199,8 +211,9 @@ class GraphTask:
 
     def _seed(
         self, outputs: list[Tensor], grads: list[Tensor]
-    ) -> tuple[dict[Node, int], set[Node] | None, dict[Node, list[Any]]]:
-        """Dependency counts, the nodes to run (None: all), and the gradient buffers seeded with ``grads``."""
+    ) -> tuple[dict[Node, int], set[Node] | None, dict[Node, list[Any]], list[Any]]:
+        """Dependency counts, the nodes to run (None: all), the gradient buffers seeded with ``grads``, and
+        the heap of the nodes ready to run."""
         roots = [(t._grad_fn, t._out_nr) if t._grad_fn is not None else (t, 0) for t in outputs]
         deps, runs = self._discover(roots)
         buffers: dict[Node, list[Any]] = {}
@@ -210,7 +223,9 @@ class GraphTask:
                 buf[nr] = g if buf[nr] is None else buf[nr] + g
             else:
                 self._to_leaf(node, g)
-        return deps, runs, buffers
+        heap = [(-n.seq, n) for n in buffers if deps.get(n, 0) == 0]
+        heapq.heapify(heap)
+        return deps, runs, buffers, heap
 
     async def _acquire(self) -> None:
         """Take the device's apply lock (no schedule point when it is free: the pass yields on its budget)."""
@@ -224,17 +239,8 @@ class GraphTask:
         self.held = False
         self.lock.release()
 
-    def _apply_async(self, node: Any, gouts: list[Any]) -> Any:
-        """Await an async node's backward, with no other pass inside the same node at the same time.
-
-        The first async node a trio task enters runs under a `_Trampoline`, so the passes nested in it
-        (and in them) run in this same task without growing the Python stack; see `_Trampoline`.
-        """
-        if trampoline_here():
-            return self._apply_exclusive(node, gouts)
-        return _drive(self._apply_exclusive(node, gouts))
-
-    async def _apply_exclusive(self, node: Any, gouts: list[Any]) -> list[Any]:
+    async def _wait_until_free(self, node: Any) -> None:
+        """Wait until no other pass is inside the async node ``node`` (the no-reentrant-apply invariant)."""
         while node._busy is not None:
             other: GraphTask = node._busy
             if other.busy_event is None:
@@ -242,15 +248,13 @@ class GraphTask:
             await other.busy_event.wait()
         if node._released:
             raise RuntimeError(RETAIN_MSG)  # the pass we waited for freed it
-        node._busy = self
-        try:
-            return await apply_function_async(node, gouts)
-        finally:
-            node._busy = None
-            ev = self.busy_event
-            if ev is not None:
-                self.busy_event = None
-                ev.set()
+
+    def _leave(self, node: Any) -> None:
+        node._busy = None
+        ev = self.busy_event
+        if ev is not None:
+            self.busy_event = None
+            ev.set()
 
     def _to_leaf(self, leaf: Tensor, g: Tensor) -> None:
         task: GraphTask | None = self

@@ -23,7 +23,7 @@ class FunctionCtx:
         self._freed = False
         self.needs_input_grad: tuple[bool, ...] = ()
         self.materialize_grads = True
-        self._non_diff: set[int] = set()
+        self._non_diff: set[int] | None = None  # ids of outputs marked non-differentiable (made on first use)
 
     def save_for_backward(self, *tensors: Tensor | None) -> None:
         """Save tensors (or None) for `backward`; read them back with `saved_tensors`."""
@@ -50,6 +50,8 @@ class FunctionCtx:
         self.materialize_grads = bool(value)
 
     def mark_non_differentiable(self, *tensors: Tensor) -> None:
+        if self._non_diff is None:
+            self._non_diff = set()
         self._non_diff.update(id(t) for t in tensors)
 
 
@@ -158,7 +160,7 @@ class Function(metaclass=_FunctionMeta):
                 continue
             if any(o is a for a in args) or o._grad_fn is not None:
                 o = o.detach()  # an input returned as-is: give the output its own identity
-            if id(o) not in ctx._non_diff and o._dtype.kind in "fc":
+            if (ctx._non_diff is None or id(o) not in ctx._non_diff) and o._dtype.kind in "fc":
                 o._grad_fn = node
                 o._out_nr = i
                 o._rg = True
