@@ -122,6 +122,9 @@ class GraphTask:
         gins: Any
         g: Any
         buf: Any
+        e: Any
+        tgt: Any
+        old: Any
         await self._acquire()
         # the loop runs with grad mode = create_graph (restored on the way out)
         mode_before = _grad_mode._grad_enabled.get()
@@ -147,7 +150,9 @@ class GraphTask:
                         elif type(node) is OpNode:
                             gins = apply_op_graph(node, gouts[0])
                         elif node.is_async:
-                            # give the device (and the loop) to others while this backward awaits
+                            # give the device (and the loop) to others while this backward awaits; drop
+                            # the previous node's loop variables, which a deep chain would keep per level
+                            e = tgt = g = buf = old = None
                             self._release()
                             try:
                                 if node._busy is not None:

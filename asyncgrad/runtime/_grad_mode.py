@@ -19,18 +19,36 @@ def is_grad_enabled() -> bool:
 
 
 class _GradMode:
+    __slots__ = ("_more", "_token")
     _flag: bool
 
     def __init__(self) -> None:
-        self._tokens: list[contextvars.Token[bool]] = []
+        # the token of the innermost open `with` (one object: the common case), and a list of the outer
+        # ones only when the same instance is entered again before it exits
+        self._token: contextvars.Token[bool] | None = None
+        self._more: list[contextvars.Token[bool]] | None = None
+
+    def _push(self, token: contextvars.Token[bool]) -> None:
+        if self._token is not None:
+            if self._more is None:
+                self._more = []
+            self._more.append(self._token)
+        self._token = token
+
+    def _pop(self) -> contextvars.Token[bool]:
+        token = self._token
+        if token is None:
+            raise RuntimeError("a grad mode context was exited more often than it was entered")
+        self._token = self._more.pop() if self._more else None
+        return token
 
     def __enter__(self) -> None:
-        self._tokens.append(_grad_enabled.set(self._flag))
+        self._push(_grad_enabled.set(self._flag))
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        _grad_enabled.reset(self._tokens.pop())
+        _grad_enabled.reset(self._pop())
 
     def __call__(self, fn: F) -> F:
         import inspect
@@ -58,11 +76,15 @@ class _GradMode:
 class no_grad(_GradMode):
     """Context manager (or decorator) that disables graph recording in the current task."""
 
+    __slots__ = ()
+
     _flag = False
 
 
 class enable_grad(_GradMode):
     """Context manager (or decorator) that enables graph recording in the current task."""
+
+    __slots__ = ()
 
     _flag = True
 
@@ -74,6 +96,8 @@ class set_grad_enabled(_GradMode):
     used with ``with`` it restores the previous mode on exit.
     """
 
+    __slots__ = ("_flag", "_prev")
+
     def __init__(self, mode: bool) -> None:
         super().__init__()
         self._flag = bool(mode)
@@ -82,12 +106,12 @@ class set_grad_enabled(_GradMode):
 
     def __enter__(self) -> None:
         # the mode was already set by __init__; remember what to restore
-        self._tokens.append(_grad_enabled.set(self._flag))
+        self._push(_grad_enabled.set(self._flag))
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        _grad_enabled.reset(self._tokens.pop())
+        _grad_enabled.reset(self._pop())
         _grad_enabled.set(self._prev)
 
     def _args(self) -> tuple[Any, ...]:
