@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from typing import Any
 
@@ -172,3 +174,22 @@ def test_off_a_lane_parts_run_in_order() -> None:
     order: list[int] = []
     run_parts([lambda: order.append(0), lambda: order.append(1), lambda: order.append(2)])
     assert order == [0, 1, 2]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are a Linux feature")
+@pytest.mark.parametrize("lane_nice", [0, 10])
+async def test_lanes_run_nicer_than_the_loop(lane_nice: int) -> None:
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    async with ag.open_runtime(lanes=2, blas_threads=1, lane_nice=lane_nice) as rt:
+        await _idle_lanes(rt)
+        nices = [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in rt.threads()]
+    assert nices == [min(19, base + lane_nice)] * 2
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the loop keeps its own
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are a Linux feature")
+async def test_lanes_with_threaded_blas_keep_the_loops_priority() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    async with ag.open_runtime(lanes=1, blas_threads=2, lane_nice=10) as rt:
+        await _idle_lanes(rt)
+        assert [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in rt.threads()] == [base]

@@ -10,6 +10,7 @@ The CUDA device itself is not implemented yet (no GPU to test on); asking for on
 """
 
 from ._device import (
+    DEFAULT_LANE_NICE,
     INLINE_MAX_ELEMENTS,
     CPUDevice,
     Device,
@@ -23,6 +24,7 @@ from ._hostmem import HostCache, HostCacheStatistics, lane_empty, private_base
 from ._stream import Event, KernelError, Lane, Stream, StreamStatistics, current_lane, run_parts
 
 __all__ = [
+    "DEFAULT_LANE_NICE",
     "HOST_CACHE_MIN_BYTES",
     "INLINE_MAX_ELEMENTS",
     "CPUDevice",

@@ -21,6 +21,9 @@ from ._stream import Lane, Stream
 # benchmarks/bench.py W2; numpy ufuncs under ~500 elements do not even release the GIL).
 INLINE_MAX_ELEMENTS = 4096
 
+# Lanes run this much "nicer" than the event loop (see `open_runtime`'s ``lane_nice``).
+DEFAULT_LANE_NICE = 10
+
 # Free host buffers a CPU device keeps for reuse (see `_hostmem`); live arrays are not counted.
 DEFAULT_HOST_CACHE_BYTES = 256 << 20
 
@@ -152,9 +155,11 @@ class CPUDevice(Device):
         lanes: int | None = None,
         blas_threads: int | None = None,
         host_cache_bytes: int = DEFAULT_HOST_CACHE_BYTES,
+        lane_nice: int = 0,
     ) -> None:
         super().__init__(index)
         self._blas_threads = blas_threads
+        self._lane_nice = lane_nice
         self.host_cache = HostCache(host_cache_bytes)
         n = lanes if lanes is not None else (os.cpu_count() or 1)
         if n < 1:
@@ -182,7 +187,8 @@ class CPUDevice(Device):
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._lanes = [
-            Lane(str(self), i, self._blas_threads, self.host_cache) for i in range(self._lane_count)
+            Lane(str(self), i, self._blas_threads, self.host_cache, self._lane_nice)
+            for i in range(self._lane_count)
         ]
         for lane in self._lanes:
             lane.siblings = [other for other in self._lanes if other is not lane]

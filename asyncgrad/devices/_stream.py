@@ -9,7 +9,9 @@ thread bumps `_submitted`, the lane bumps `_completed`), so checking readiness t
 from __future__ import annotations
 
 import itertools
+import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -46,9 +48,15 @@ class Lane:
     """A worker thread that runs the jobs of the streams bound to it, in FIFO order."""
 
     def __init__(
-        self, device_name: str, index: int, blas_threads: int | None = None, cache: HostCache | None = None
+        self,
+        device_name: str,
+        index: int,
+        blas_threads: int | None = None,
+        cache: HostCache | None = None,
+        nice: int = 0,
     ) -> None:
         self.index = index
+        self._nice = nice
         self._blas_threads = blas_threads
         self._cache = cache
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -68,6 +76,10 @@ class Lane:
     def _main(self) -> None:
         if self._blas_threads is not None:
             _limit_blas_in_this_thread(self._blas_threads)
+        # only single-threaded BLAS: a multi-threaded one hands work to its own pool threads, which
+        # keep normal priority and spin while they wait, starving a lowered caller (measured on W5)
+        if self._nice > 0 and self._blas_threads == 1:
+            _lower_priority_of_this_thread(self._nice)
         _tls.lane = self
         _tls.cache = self._cache
         q = self._queue
@@ -162,6 +174,17 @@ def run_parts(parts: list[Callable[[], None]]) -> None:
 def current_lane() -> Lane | None:
     """The lane running the calling thread's kernel (None off the lanes)."""
     return getattr(_tls, "lane", None)
+
+
+def _lower_priority_of_this_thread(increment: int) -> None:
+    """Raise this thread's nice value (Linux keeps one per thread; elsewhere it would be per process)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+    except OSError:  # not permitted in some sandboxes: lanes just keep the loop's priority
+        pass
 
 
 def _limit_blas_in_this_thread(n: int) -> None:
