@@ -163,18 +163,6 @@ def apply_function(node: Any, gouts: list[Any]) -> list[Any]:
     return check_function_grads(node, r)
 
 
-async def apply_function_async(node: Any, gouts: list[Any]) -> list[Any]:
-    """Run a `Function`'s ``async def`` backward (it may await a nested backward pass)."""
-    grads = node.prepare_grads(gouts)
-    try:
-        r = await node.fn_cls.backward(node.ctx, *grads)
-    except (trio.Cancelled, BackwardError, KeyboardInterrupt):
-        raise
-    except Exception as e:
-        raise _wrap_error(node, e) from e
-    return check_function_grads(node, r)
-
-
 def check_function_grads(node: Any, r: Any) -> list[Any]:
     """One gradient (or None) per forward input, each reduced to its input's shape."""
     grads = list(r) if isinstance(r, tuple) else [r]

@@ -1,34 +1,30 @@
-"""`backward()` and `grad()`: each starts a graph task in its own trio task and awaits it.
+"""`backward()` and `grad()`: each returns a pass (a `GraphTask`) to await.
 
-Running every pass as a separate task (in the runtime's nursery) is what makes reentrant backward
-cheap: a backward function that awaits a nested pass just waits on an event; the nested pass runs
-beside it. The caller's cancellation cancels the pass; its errors come back to the caller. Gradients
-reach `.grad` only after the pass succeeded (through the leaves' owners, see `_registry`).
+Where the pass runs depends on the task that awaits it (`Pass.__await__`): a top-level pass right in
+the caller's task; a pass awaited by a backward function of a pass in the same task on that task's
+trampoline (`_engine._Trampoline`: no task spawn, no Python stack per level); a pass awaited from another
+task (a backward function's own nursery) as a task of the runtime's nursery. The caller's cancellation
+cancels the pass and every pass nested in it; its errors come back to the caller. Gradients reach
+`.grad` only after the pass succeeded (through the leaves' owners, see `_registry`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import itertools
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Coroutine, Generator, Sequence
 from typing import Any
 
 import numpy as np
 import trio
 
 from ._apply import in_plain_backward
-from ._engine import GraphTask, _Nest, trampoline_here
+from ._engine import GraphTask, current_graph_task, trampoline_here
 from ._registry import prepare_and_commit
 from ._runtime import Runtime, _task_streams, _TaskStreams, current_runtime, current_stream
 from ._tensor import Tensor
 
 _task_ids = itertools.count(1)
-
-# the graph task whose backward function is running in this trio task (for checkpoint's nested pass)
-current_graph_task: contextvars.ContextVar[GraphTask | None] = contextvars.ContextVar(
-    "asyncgrad_graph_task", default=None
-)
-
 
 def _check_not_plain(what: str) -> None:
     name = in_plain_backward.get()
@@ -107,23 +103,32 @@ class _Box:
 _current_box: contextvars.ContextVar[_Box | None] = contextvars.ContextVar("asyncgrad_pass_box", default=None)
 
 
-def _run_pass(rt: Runtime, body: Coroutine[Any, Any, Any]) -> Awaitable[Any]:
-    """Where a pass (the coroutine ``body``) runs; await the result for what ``body`` returns.
+class Pass(GraphTask):
+    """What `backward()` and `grad()` return: a backward pass, run when awaited (once).
 
-    * A top-level pass (not started from inside another pass's backward function) runs right in the
+    Where it runs is decided by the task that awaits it, when it awaits it:
+
+    * A top-level pass (not awaited from inside another pass's backward function) runs right in the
       caller's task: nothing nests there.
-    * A pass nested in a backward function of a pass in this same task runs on the task's trampoline
-      (`_engine._Nest`): in the same task, with no task spawn, and cancelled with its caller.
-    * A pass started from another task while a pass is running (a backward function that starts passes
+    * A pass awaited by a backward function of a pass in this same task runs on the task's trampoline
+      (`_engine._drive`): in the same task, with no task spawn, and cancelled with its caller.
+    * A pass awaited from another task while a pass is running (a backward function that starts passes
       in its own nursery) runs as a task of the runtime's nursery, on the caller's streams.
-
-    Call it from the coroutine that awaits the result (it looks at the task it runs in).
     """
-    if current_graph_task.get() is None:
-        return _top_level(body)
-    if trampoline_here():
-        return _Nest(body)
-    return _in_own_task(rt, body)
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self.coro
+        if coro is None:
+            raise RuntimeError("a backward pass can be awaited only once")
+        if current_graph_task.get() is None:
+            self.coro = None
+            return _top_level(coro).__await__()
+        if trampoline_here():
+            return self  # type: ignore[return-value]  # an iterator that hands itself to `_drive`
+        self.coro = None
+        return _in_own_task(self.rt, coro).__await__()
 
 
 async def _top_level(body: Coroutine[Any, Any, Any]) -> Any:
@@ -243,41 +248,20 @@ def backward(
                 t.retain_grad()
         targets = set(keys)
     retain = create_graph if retain_graph is None else retain_graph
-    return _backward(rt, outputs, grads, retain, create_graph, targets)
+    return Pass(rt, outputs, grads, retain_graph=retain, create_graph=create_graph, targets=targets,
+                finish=_finish_backward)
 
 
-async def _backward(
-    rt: Runtime, outputs: list[Tensor], grads: list[Tensor], retain: bool, create: bool, targets: Any
-) -> None:
-    body = _backward_body(rt, outputs, grads, retain, create, targets)
-    del outputs, grads, targets  # the body has them: not kept twice while it runs
-    await _run_pass(rt, body)
-
-
-async def _backward_body(
-    rt: Runtime, outputs: list[Tensor], grads: list[Tensor], retain: bool, create: bool, targets: Any
-) -> None:
-    if current_graph_task.get() is not None:
-        # a nested pass is a checkpoint (and a schedule point) on entry, as a pass in its own task was
-        await trio.lowlevel.checkpoint()
-    task = GraphTask(current_stream(rt.cpu), retain_graph=retain, create_graph=create, targets=targets)
-    current_graph_task.set(task)
-    rt.graph_tasks_started += 1
-    try:
-        run = task.run(outputs, grads)
-        del outputs, grads  # the run has them: not kept twice while it is suspended
-        await run
-        staged = list(task.staged.values())
-        task.staged.clear()
-        await prepare_and_commit(
-            rt, task.stream, staged, commit=True, create_graph=create, task_id=next(_task_ids)
-        )
-        if task.retained:
-            for t, g in task.retained:
-                g = g if create else g.detach()
-                t._grad = g if t._grad is None else t._grad + g
-    finally:
-        rt.graph_tasks_finished += 1
+async def _finish_backward(task: GraphTask) -> None:
+    """After `backward()`'s graph ran: commit the staged leaf gradients, then retained non-leaf ones."""
+    create = task.create_graph
+    staged = list(task.staged.values())
+    task.staged.clear()
+    await prepare_and_commit(task.rt, task.stream, staged, commit=True, create_graph=create, task_id=next(_task_ids))
+    if task.retained:
+        for t, g in task.retained:
+            g = g if create else g.detach()
+            t._grad = g if t._grad is None else t._grad + g
 
 
 def grad(
@@ -304,46 +288,33 @@ def grad(
     return _grad(rt, outs, grads, ins, keys, retain, create_graph, allow_unused, None)
 
 
-async def _grad(
+def _grad(
     rt: Runtime, outs: list[Tensor], grads: list[Tensor], ins: list[Tensor], keys: list[Any],
     retain: bool, create: bool, allow_unused: bool, parent: GraphTask | None,
-) -> tuple[Tensor | None, ...]:
-    body = _grad_body(rt, outs, grads, ins, keys, retain, create, allow_unused, parent)
-    del outs, grads, ins, keys  # as in `_backward`
-    return await _run_pass(rt, body)  # type: ignore[no-any-return]
+) -> Pass:
+    return Pass(rt, outs, grads, retain_graph=retain, create_graph=create, targets=set(keys), parent=parent,
+                finish=_finish_grad, finish_args=(ins, keys, allow_unused))
 
 
-async def _grad_body(
-    rt: Runtime, outs: list[Tensor], grads: list[Tensor], ins: list[Tensor], keys: list[Any],
-    retain: bool, create: bool, allow_unused: bool, parent: GraphTask | None,
+async def _finish_grad(
+    task: GraphTask, ins: list[Tensor], keys: list[Any], allow_unused: bool
 ) -> tuple[Tensor | None, ...]:
-    if current_graph_task.get() is not None:
-        await trio.lowlevel.checkpoint()  # as in `_backward_body`
-    task = GraphTask(
-        current_stream(rt.cpu), retain_graph=retain, create_graph=create, targets=set(keys), parent=parent
-    )
-    current_graph_task.set(task)
-    rt.graph_tasks_started += 1
-    try:
-        run = task.run(outs, grads)
-        del outs, grads  # as in `_backward_body`
-        await run
-        leaf_entries = [task.staged[k] for k in keys if isinstance(k, int) and k in task.staged]
-        await prepare_and_commit(rt, task.stream, leaf_entries, commit=False, create_graph=create, task_id=0)
-        capture = task.capture or {}
-        result: list[Tensor | None] = []
-        for t, k in zip(ins, keys):
-            entry = task.staged.get(k) if t._grad_fn is None else None
-            g = entry[1] if entry is not None else capture.get(k)
-            if g is None and not allow_unused:
-                raise RuntimeError(
-                    "grad: one of the differentiated Tensors appears to not have been used in the graph; "
-                    "set allow_unused=True if this is the desired behavior"
-                )
-            result.append(g if g is None or create else g.detach())
-        return tuple(result)
-    finally:
-        rt.graph_tasks_finished += 1
+    """After `grad()`'s graph ran: the gradients w.r.t. ``ins`` (leaf hooks run, nothing committed)."""
+    create = task.create_graph
+    leaf_entries = [task.staged[k] for k in keys if isinstance(k, int) and k in task.staged]
+    await prepare_and_commit(task.rt, task.stream, leaf_entries, commit=False, create_graph=create, task_id=0)
+    capture = task.capture or {}
+    result: list[Tensor | None] = []
+    for t, k in zip(ins, keys):
+        entry = task.staged.get(k) if t._grad_fn is None else None
+        g = entry[1] if entry is not None else capture.get(k)
+        if g is None and not allow_unused:
+            raise RuntimeError(
+                "grad: one of the differentiated Tensors appears to not have been used in the graph; "
+                "set allow_unused=True if this is the desired behavior"
+            )
+        result.append(g if g is None or create else g.detach())
+    return tuple(result)
 
 
 async def nested_grad(outs: list[Tensor], grads: list[Tensor], ins: list[Tensor]) -> tuple[Tensor | None, ...]:

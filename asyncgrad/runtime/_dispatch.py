@@ -96,7 +96,7 @@ class Node:
     _post_hooks: Any = None
     _tensor_pre_hooks: dict[int, Any] | None = None
     _retained: dict[int, Any] | None = None
-    _busy: Any = None  # a trio.Event while an async backward of this node is running
+    _busy: Any = None  # the GraphTask running this (async) node's backward now; None when no pass is inside it
     _hooked = False  # any hook or retain_grad on this node: one flag for the engine to test
 
     def _init_node(self, stream: Stream | None) -> None:

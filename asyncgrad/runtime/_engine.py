@@ -3,9 +3,10 @@
 A graph task counts each node's dependencies, then runs ready nodes (latest-created first, like
 PyTorch) until none is left. Plain nodes run back to back with no ``await`` while the task holds its
 device's apply lock; the lock (and the event loop) is given back on a time budget and around every
-``async def`` backward, which may run a nested pass: that pass is a separate graph task in its own trio
-task, so depth costs one suspended task per level, never Python stack. An async node is entered by one
-pass at a time (the no-reentrant-apply invariant). Leaf gradients are staged and handed to their
+``async def`` backward, which may run a nested pass: that pass is a separate graph task, run on the
+trampoline of the task that awaits it (`_Trampoline`), so depth costs two suspended coroutines and a few
+objects per level, never Python stack. An async node is entered by one pass at a time (the
+no-reentrant-apply invariant). Leaf gradients are staged and handed to their
 owners (`_registry`) only when the whole pass succeeded.
 """
 
@@ -15,7 +16,7 @@ import contextvars
 import heapq
 import time
 import types
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 import trio
@@ -24,12 +25,14 @@ from ..devices import Stream
 from . import _grad_mode
 from ._apply import (
     BackwardError,
+    _wrap_error,
     apply_function,
-    apply_function_async,
     apply_op_graph,
     apply_op_kernel,
+    check_function_grads,
 )
 from ._dispatch import Node, OpNode
+from ._runtime import current_stream
 from ._tensor import Tensor
 
 # while a pass runs nodes back to back, the loop gets control back at least this often
@@ -44,34 +47,71 @@ RETAIN_MSG = (
 
 
 class GraphTask:
-    """The state of one backward pass; owned by the trio task that runs it and shared with nobody."""
+    """One backward pass: its state, the coroutine that runs it, and the awaitable that callers await.
 
-    __slots__ = ("busy_event", "capture", "create_graph", "held", "lock", "parent", "retain_graph", "retained",
-                 "staged", "start_seq", "stream", "targets")
+    The state is owned by the trio task that runs the pass and shared with nobody. `backward()` and
+    `grad()` return the graph task itself (as `_autograd.Pass`): awaiting it runs ``coro`` (`run`) where
+    the awaiting task is (see `_autograd.Pass.__await__`); a pass nested on this task's trampoline is
+    awaited as a plain iterator that hands itself to `_drive` (one object per nested pass besides its
+    coroutine).
+    """
+
+    __slots__ = ("busy_event", "capture", "coro", "create_graph", "finish", "finish_args", "held", "lock",
+                 "parent", "retain_graph", "retained", "rt", "staged", "start_seq", "stream", "targets")
 
     def __init__(
         self,
-        stream: Stream,
+        rt: Any,
+        outputs: list[Tensor],
+        grads: list[Tensor],
         *,
         retain_graph: bool,
         create_graph: bool,
         targets: set[Any] | None,
+        finish: Callable[..., Coroutine[Any, Any, Any]],
+        finish_args: tuple[Any, ...] = (),
         parent: GraphTask | None = None,
     ) -> None:
-        self.stream = stream  # the caller's stream: nodes that ran inline queue their backward here
+        self.rt = rt
         self.retain_graph = retain_graph
         self.create_graph = create_graph
         self.targets = targets  # None: every leaf; else the keys of the inputs to stop at
         self.parent = parent  # leaves outside `targets` are staged into the parent (checkpoint)
+        self.finish = finish  # `await finish(self, *finish_args)` once the graph ran: the pass's result
+        self.finish_args = finish_args
         self.capture: dict[Any, Tensor] | None = None  # made on first use (only with targets)
         self.staged: dict[int, list[Any]] = {}  # id(leaf) -> [leaf, summed grad]
         self.retained: list[tuple[Tensor, Tensor]] | None = None  # made on first use (retain_grad)
-        self.start_seq = stream._submitted
-        self.lock = stream.device.apply_lock  # the device's apply lock; `held`: this pass holds it now
+        # the awaiting task's stream and its device's apply lock are looked up when the pass starts
+        self.stream: Stream = None  # type: ignore[assignment]
+        self.start_seq = 0
+        self.lock: Any = None  # the device's apply lock; `held`: this pass holds it now
         self.held = False
         # while this pass is inside an async node (it is then that node's `_busy`), a pass that waits
         # for the node waits on this event, made by the first such waiter
         self.busy_event: trio.Event | None = None
+        # the pass, not started yet (a never-awaited pass warns as a never-awaited coroutine does)
+        self.coro: Coroutine[Any, Any, Any] | None = self.run(outputs, grads)
+
+    # ---- awaited on this task's trampoline: a plain iterator that hands itself to `_drive` ----------
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        if self.coro is not None:
+            return self  # to `_drive`, which takes `coro` and runs it on top of its stack
+        raise StopIteration(value)  # the nested pass's result, sent back by `_drive`
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None:
+            val = typ if isinstance(typ, BaseException) else typ()
+        raise val
+
+    def close(self) -> None:
+        coro, self.coro = self.coro, None
+        if coro is not None:  # never started
+            coro.close()
 
     def _discover(self, roots: list[tuple[Any, int]]) -> tuple[dict[Node, int], set[Node] | None]:
         deps: dict[Node, int] = {}
@@ -109,114 +149,173 @@ class GraphTask:
                     break
         return deps, runs
 
-    async def run(self, outputs: list[Tensor], grads: list[Tensor]) -> None:
-        """Run the pass from ``outputs`` (seeded with ``grads``) until no node is left."""
-        deps, runs, buffers, heap = self._seed(outputs, grads)
-        del outputs, grads  # not kept alive while the loop is suspended (a deep chain holds every level)
-        heappop, heappush, clock = heapq.heappop, heapq.heappush, time.perf_counter
-        create, release, targets = bool(self.create_graph), not self.retain_graph, self.targets
-        task_stream = self.stream
-        nxt: Any = None  # the one ready node, kept off the heap while nothing else is ready
-        node: Any
-        gouts: Any
-        gins: Any
-        g: Any
-        buf: Any
-        e: Any
-        tgt: Any
-        old: Any
-        await self._acquire()
-        # the loop runs with grad mode = create_graph (restored on the way out)
-        mode_before = _grad_mode._grad_enabled.get()
-        if mode_before is not create:
-            _grad_mode._grad_enabled.set(create)
-        try:
-            budget_end = clock() + TIME_BUDGET_S
-            while True:
-                if nxt is not None:
-                    node, nxt = nxt, None
-                elif heap:
-                    node = heappop(heap)[1]
-                else:
-                    break
-                gouts = buffers.pop(node, None)
-                gins = None
-                if gouts is not None and (gouts[0] is not None or any(g is not None for g in gouts)):
-                    if node._hooked or targets is not None:
-                        gouts = self._pre(node, gouts)
-                    if runs is None or node in runs:
-                        if type(node) is OpNode and not create:
-                            gins = apply_op_kernel(node, gouts[0], task_stream)
-                        elif type(node) is OpNode:
-                            gins = apply_op_graph(node, gouts[0])
-                        elif node.is_async:
-                            # give the device (and the loop) to others while this backward awaits; drop
-                            # the previous node's loop variables, which a deep chain would keep per level
-                            e = tgt = g = buf = old = None
-                            self._release()
-                            try:
-                                if node._busy is not None:
-                                    await self._wait_until_free(node)
-                                node._busy = self  # no other pass enters this node until we are out
-                                try:
-                                    if trampoline_here():
-                                        gins = await apply_function_async(node, gouts)
-                                    else:
-                                        # the first async node of this task: the passes nested in it
-                                        # run on a trampoline (see `_Trampoline`)
-                                        gins = await _drive(apply_function_async(node, gouts))
-                                finally:
-                                    self._leave(node)
-                            finally:
-                                await self._acquire()
-                            budget_end = clock() + TIME_BUDGET_S
-                        else:
-                            gins = apply_function(node, gouts)
-                        if node._hooked and node._post_hooks:
-                            gins = _run_post_hooks(node, gins, gouts)
-                        if release:
-                            node.release()
-                    gouts = None
-                for e, g in zip(node.next, gins) if gins is not None else ((e, None) for e in node.next):
-                    if e is None:
-                        continue
-                    tgt = e[0]
-                    if isinstance(tgt, Node):
-                        if g is not None:
-                            buf = buffers.get(tgt)
-                            if buf is None:
-                                buf = buffers[tgt] = [None] * tgt.n_outputs
-                            old = buf[e[1]]
-                            buf[e[1]] = g if old is None else old + g
-                        left = deps[tgt] - 1
-                        deps[tgt] = left
-                        if left == 0:
-                            if nxt is None and not heap:
-                                nxt = tgt  # a chain: no priority to keep, skip the heap
-                            else:
-                                if nxt is not None:
-                                    heappush(heap, (-nxt.seq, nxt))
-                                    nxt = None
-                                heappush(heap, (-tgt.seq, tgt))
-                    elif g is not None:
-                        self._to_leaf(tgt, g)
-                if clock() > budget_end:
-                    self._release()
+    async def run(self, outputs: list[Tensor], grads: list[Tensor]) -> Any:
+        """The pass: run the graph from ``outputs`` (seeded with ``grads``) until no node is left, then
+        ``finish`` (commit or collect the gradients); returns what ``finish`` returns."""
+        rt = self.rt
+        outer = current_graph_task.get()
+        clock = time.perf_counter
+        tramp: _Trampoline | None = None
+        if outer is not None:
+            tramp = _trampoline.get()
+            if tramp is not None and tramp.task is trio.lowlevel.current_task():
+                # nested on this task's trampoline: a cancel point, and a schedule point when another
+                # task is ready to run or this one has run for its time budget (a deep chain alone on
+                # the loop does not pay a scheduler round per level)
+                if clock() > tramp.budget_end or trio.lowlevel.current_statistics().tasks_runnable:
                     await trio.lowlevel.checkpoint()
-                    await self._acquire()
-                    budget_end = clock() + TIME_BUDGET_S
-        finally:
+                    tramp.budget_end = clock() + TIME_BUDGET_S
+                else:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+            else:
+                tramp = None
+                # a nested pass in its own task is a checkpoint on entry, as any trio call
+                await trio.lowlevel.checkpoint()
+        self.stream = task_stream = current_stream(rt.cpu)  # nodes that ran inline queue their backward here
+        self.start_seq = task_stream._submitted
+        lock = self.lock = task_stream.device.apply_lock
+        current_graph_task.set(self)
+        rt.graph_tasks_started += 1
+        try:
+            deps, runs, buffers, heap = self._seed(outputs, grads)
+            del outputs, grads  # not kept alive while the loop is suspended (a deep chain holds every level)
+            heappop, heappush = heapq.heappop, heapq.heappush
+            create, release, targets = bool(self.create_graph), not self.retain_graph, self.targets
+            nxt: Any = None  # the one ready node, kept off the heap while nothing else is ready
+            node: Any
+            gouts: Any
+            gins: Any
+            g: Any
+            buf: Any
+            e: Any
+            tgt: Any
+            old: Any
+            r: Any
+            try:
+                lock.acquire_nowait()
+            except trio.WouldBlock:
+                await lock.acquire()
+            self.held = True
+            # the loop runs with grad mode = create_graph (restored on the way out)
+            mode_before = _grad_mode._grad_enabled.get()
             if mode_before is not create:
-                _grad_mode._grad_enabled.set(mode_before)
-            if self.held:
-                self._release()
-        # let the caller run at most one pass ahead of its stream: wait for the work queued before this
-        # pass, not for the pass's own kernels (they overlap with whatever the caller records next)
-        await self.stream.synchronize(self.start_seq)
+                _grad_mode._grad_enabled.set(create)
+            try:
+                budget_end = clock() + TIME_BUDGET_S if tramp is None else tramp.budget_end
+                while True:
+                    if nxt is not None:
+                        node, nxt = nxt, None
+                    elif heap:
+                        node = heappop(heap)[1]
+                    else:
+                        break
+                    gouts = buffers.pop(node, None)
+                    gins = None
+                    if gouts is not None and (gouts[0] is not None or any(g is not None for g in gouts)):
+                        if node._hooked or targets is not None:
+                            gouts = self._pre(node, gouts)
+                        if runs is None or node in runs:
+                            if type(node) is OpNode and not create:
+                                gins = apply_op_kernel(node, gouts[0], task_stream)
+                            elif type(node) is OpNode:
+                                gins = apply_op_graph(node, gouts[0])
+                            elif node.is_async:
+                                # give the device (and the loop) to others while this backward awaits; drop
+                                # the previous node's loop variables, which a deep chain would keep per level
+                                e = tgt = g = buf = old = r = None
+                                self.held = False
+                                lock.release()
+                                try:
+                                    if node._busy is not None:
+                                        await self._wait_until_free(node)
+                                    node._busy = self  # no other pass enters this node until we are out
+                                    try:
+                                        # the backward runs right in this coroutine (the passes it awaits
+                                        # are handed to this task's trampoline); the first async node of a
+                                        # task starts the trampoline (see `_Trampoline`)
+                                        try:
+                                            r = node.fn_cls.backward(node.ctx, *node.prepare_grads(gouts))
+                                            r = await (r if tramp is not None or trampoline_here() else _drive(r))
+                                        except (trio.Cancelled, BackwardError, KeyboardInterrupt):
+                                            raise
+                                        except Exception as exc:
+                                            raise _wrap_error(node, exc) from exc
+                                        gins = check_function_grads(node, r)
+                                        r = None
+                                    finally:
+                                        self._leave(node)
+                                finally:
+                                    try:
+                                        lock.acquire_nowait()
+                                    except trio.WouldBlock:
+                                        await lock.acquire()
+                                    self.held = True
+                                budget_end = clock() + TIME_BUDGET_S if tramp is None else tramp.budget_end
+                            else:
+                                gins = apply_function(node, gouts)
+                            if node._hooked and node._post_hooks:
+                                gins = _run_post_hooks(node, gins, gouts)
+                            if release:
+                                node.release()
+                        gouts = None
+                    for e, g in zip(node.next, gins) if gins is not None else ((e, None) for e in node.next):
+                        if e is None:
+                            continue
+                        tgt = e[0]
+                        if isinstance(tgt, Node):
+                            if g is not None:
+                                buf = buffers.get(tgt)
+                                if buf is None:
+                                    buf = buffers[tgt] = [None] * tgt.n_outputs
+                                old = buf[e[1]]
+                                buf[e[1]] = g if old is None else old + g
+                            left = deps[tgt] - 1
+                            deps[tgt] = left
+                            if left == 0:
+                                if nxt is None and not heap:
+                                    nxt = tgt  # a chain: no priority to keep, skip the heap
+                                else:
+                                    if heap is None:
+                                        heap = []
+                                    if nxt is not None:
+                                        heappush(heap, (-nxt.seq, nxt))
+                                        nxt = None
+                                    heappush(heap, (-tgt.seq, tgt))
+                        elif g is not None:
+                            self._to_leaf(tgt, g)
+                    if clock() > budget_end:
+                        self.held = False
+                        lock.release()
+                        await trio.lowlevel.checkpoint()
+                        try:
+                            lock.acquire_nowait()
+                        except trio.WouldBlock:
+                            await lock.acquire()
+                        self.held = True
+                        budget_end = clock() + TIME_BUDGET_S
+                        if tramp is not None:
+                            tramp.budget_end = budget_end
+            finally:
+                if mode_before is not create or tramp is not None:
+                    # nested: the enclosing backward finds its grad mode as it left it
+                    _grad_mode._grad_enabled.set(mode_before)
+                if self.held:
+                    self._release()
+            del deps, runs, buffers, heap
+            # let the caller run at most one pass ahead of its stream: wait for the work queued before this
+            # pass, not for the pass's own kernels (they overlap with whatever the caller records next)
+            if task_stream._completed < self.start_seq:
+                await task_stream.synchronize(self.start_seq)
+            else:
+                task_stream.check_error()
+            return await self.finish(self, *self.finish_args)
+        finally:
+            rt.graph_tasks_finished += 1
+            current_graph_task.set(outer)
 
     def _seed(
         self, outputs: list[Tensor], grads: list[Tensor]
-    ) -> tuple[dict[Node, int], set[Node] | None, dict[Node, list[Any]], list[Any]]:
+    ) -> tuple[dict[Node, int], set[Node] | None, dict[Node, list[Any]], list[Any] | None]:
         """Dependency counts, the nodes to run (None: all), the gradient buffers seeded with ``grads``, and
         the heap of the nodes ready to run."""
         roots = [(t._grad_fn, t._out_nr) if t._grad_fn is not None else (t, 0) for t in outputs]
@@ -228,17 +327,12 @@ class GraphTask:
                 buf[nr] = g if buf[nr] is None else buf[nr] + g
             else:
                 self._to_leaf(node, g)
-        heap = [(-n.seq, n) for n in buffers if deps.get(n, 0) == 0]
-        heapq.heapify(heap)
+        heap: list[Any] | None = [(-n.seq, n) for n in buffers if deps.get(n, 0) == 0]
+        if heap:
+            heapq.heapify(heap)
+        else:
+            heap = None  # made when two nodes are ready at once (a chain never needs it)
         return deps, runs, buffers, heap
-
-    async def _acquire(self) -> None:
-        """Take the device's apply lock (no schedule point when it is free: the pass yields on its budget)."""
-        try:
-            self.lock.acquire_nowait()
-        except trio.WouldBlock:
-            await self.lock.acquire()
-        self.held = True
 
     def _release(self) -> None:
         self.held = False
@@ -313,17 +407,23 @@ class _Trampoline:
     D nested awaits is resumed through D Python frames at every step, so depth would be bounded by the
     recursion limit. Spawning a trio task per nested pass keeps the stack flat, at the price of a task,
     a context, a cancel scope and two scheduler rounds per level. Instead, the first async node a task
-    enters runs under `drive`: a nested pass awaited inside it (`_Nest`) is pushed onto this stack and
-    driven directly by `drive`, which forwards trio's traps from the innermost coroutine to trio and
-    routes results and exceptions back to the coroutine that awaited it. The whole tree of nested passes
-    is then one trio task: cancelling the caller cancels all of it, its cancel scopes nest as plain
-    awaits' would, and the device lock and the streams are the task's own.
+    enters runs its backward under `_drive`: a pass awaited inside it (a `GraphTask` awaited on this
+    trampoline) is pushed onto a stack and driven directly by `_drive`, which forwards trio's traps from
+    the innermost coroutine to trio and routes results and exceptions back to the coroutine that awaited
+    it. The whole tree of nested passes is then one trio task: cancelling the caller cancels all of it,
+    its cancel scopes nest as plain awaits' would, and the device lock and the streams are the task's
+    own. Nested passes run in the task's context, as plain awaits do (no copy per level); a pass sets
+    `current_graph_task` and the grad mode and puts back both on its way out.
+
+    ``budget_end``: when the passes of this task next give the loop a schedule point (a nested pass
+    entering is a cancel point, and a schedule point only once the task has run for `TIME_BUDGET_S`).
     """
 
-    __slots__ = ("task",)
+    __slots__ = ("budget_end", "task")
 
     def __init__(self) -> None:
         self.task = trio.lowlevel.current_task()
+        self.budget_end = time.perf_counter() + TIME_BUDGET_S
 
 
 # the trampoline running in this task (a nested pass checks that it is its own task's before using it)
@@ -331,88 +431,53 @@ _trampoline: contextvars.ContextVar[_Trampoline | None] = contextvars.ContextVar
     "asyncgrad_trampoline", default=None
 )
 
+# the graph task running in this trio task (whose backward functions run now; checkpoint's nested pass
+# stages its parameters' gradients into it); None outside any pass
+current_graph_task: contextvars.ContextVar[GraphTask | None] = contextvars.ContextVar(
+    "asyncgrad_graph_task", default=None
+)
+
 
 def trampoline_here() -> bool:
-    """Whether a pass awaited right now runs on this task's trampoline (see `_Nest`)."""
+    """Whether a pass awaited right now runs on this task's trampoline."""
     tramp = _trampoline.get()
     return tramp is not None and tramp.task is trio.lowlevel.current_task()
 
 
-class _Nest:
-    """``await _Nest(coro)``: have this task's trampoline run ``coro`` in a copy of the current context.
-
-    Awaiting it yields the `_Nest` itself up to `_drive`, which runs ``coro`` on top of its stack and
-    sends back its result (or throws its exception) when it ends. A plain iterator, not a generator:
-    one small object per nested pass.
-    """
-
-    __slots__ = ("coro", "ctx", "started")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self.coro: Coroutine[Any, Any, Any] | None = coro
-        self.ctx: contextvars.Context | None = contextvars.copy_context()  # as a new task would get
-        self.started = False
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return self  # type: ignore[return-value]  # it implements the generator's send/throw/close
-
-    def __next__(self) -> Any:
-        return self.send(None)
-
-    def send(self, value: Any) -> Any:
-        if not self.started:
-            self.started = True
-            return self  # to `_drive`
-        raise StopIteration(value)  # the nested pass's result
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        if val is None:
-            val = typ if isinstance(typ, BaseException) else typ()
-        raise val
-
-    def close(self) -> None:
-        if self.coro is not None:  # never started
-            self.coro.close()
-            self.coro = self.ctx = None
-
-
 @types.coroutine
 def _drive(root: Coroutine[Any, Any, Any]) -> Generator[Any, Any, Any]:
-    """Run ``root`` and every `_Nest` awaited under it in this task, iteratively (see `_Trampoline`)."""
-    token = _trampoline.set(_Trampoline())
+    """Run ``root`` and every pass awaited under it in this task, iteratively (see `_Trampoline`)."""
+    tramp = _Trampoline()
+    token = _trampoline.set(tramp)
+    clock = time.perf_counter
     coros: list[Any] = [root]
-    ctxs: list[contextvars.Context | None] = [None]  # None: the caller's context (root's)
     value: Any = None
     error: BaseException | None = None
     try:
         while True:
             coro = coros[-1]
-            ctx = ctxs[-1]
             try:
                 if error is None:
-                    y = coro.send(value) if ctx is None else ctx.run(coro.send, value)
+                    y = coro.send(value)
                 else:
                     e, error = error, None
-                    y = coro.throw(e) if ctx is None else ctx.run(coro.throw, e)
+                    y = coro.throw(e)
             except StopIteration as stop:
                 coros.pop()
-                ctxs.pop()
                 if not coros:
                     return stop.value
                 value = stop.value
                 continue
             except BaseException as exc:
                 coros.pop()
-                ctxs.pop()
                 if not coros:
                     raise
                 error, value = exc, None
                 continue
-            coro = ctx = None
-            if type(y) is _Nest:
+            coro = None
+            if isinstance(y, GraphTask):
                 coros.append(y.coro)
-                ctxs.append(y.ctx)
-                y.coro = y.ctx = None
+                y.coro = None
                 value = None
                 continue
             # one of trio's traps, from the innermost coroutine: trio answers it (or we are thrown into)
@@ -421,10 +486,11 @@ def _drive(root: Coroutine[Any, Any, Any]) -> Generator[Any, Any, Any]:
             except BaseException as exc:
                 error, value = exc, None
             y = None
+            tramp.budget_end = clock() + TIME_BUDGET_S  # the task was just scheduled again
     finally:
         _trampoline.reset(token)
-        for c in coros:
-            c.close()  # only after GeneratorExit: the coroutines left unfinished
+        while coros:
+            coros.pop().close()  # only after GeneratorExit: the coroutines left unfinished, innermost first
 
 
 def _topo(order: list[Node], deps: dict[Node, int]) -> list[Node]:

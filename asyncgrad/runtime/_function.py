@@ -86,7 +86,13 @@ class FunctionNode(Node):
         self.ctx._saved = ()
 
     def prepare_grads(self, gouts: list[Any]) -> list[Any]:
+        """The gradients `backward` gets: ``gouts`` itself when none is missing (or none is to be made)."""
         if not self.ctx.materialize_grads:
+            return gouts
+        for g in gouts:
+            if g is None:
+                break
+        else:
             return gouts
         from ._factories import zeros
 
