@@ -177,11 +177,11 @@ class GraphTask:
         current_graph_task.set(self)
         rt.graph_tasks_started += 1
         try:
-            deps, runs, buffers, heap = self._seed(outputs, grads)
+            deps, runs, buffers, heap, nxt = self._seed(outputs, grads)
             del outputs, grads  # not kept alive while the loop is suspended (a deep chain holds every level)
             heappop, heappush = heapq.heappop, heapq.heappush
             create, release, targets = bool(self.create_graph), not self.retain_graph, self.targets
-            nxt: Any = None  # the one ready node, kept off the heap while nothing else is ready
+            # nxt: the one ready node, kept off the heap while nothing else is ready
             node: Any
             gouts: Any
             gins: Any
@@ -270,8 +270,10 @@ class GraphTask:
                                 old = buf[e[1]]
                                 buf[e[1]] = g if old is None else old + g
                             left = deps[tgt] - 1
-                            deps[tgt] = left
-                            if left == 0:
+                            if left:
+                                deps[tgt] = left
+                            else:
+                                del deps[tgt]  # ready: nothing else sends to it (a suspended pass keeps less)
                                 if nxt is None and not heap:
                                     nxt = tgt  # a chain: no priority to keep, skip the heap
                                 else:
@@ -301,7 +303,10 @@ class GraphTask:
                     _grad_mode._grad_enabled.set(mode_before)
                 if self.held:
                     self._release()
+            # hold nothing of the graph while finishing: a gradient still referenced here could not be
+            # stolen by its leaf (the owner checks that it is the only holder)
             del deps, runs, buffers, heap
+            node = gouts = gins = g = buf = e = tgt = old = nxt = None
             # let the caller run at most one pass ahead of its stream: wait for the work queued before this
             # pass, not for the pass's own kernels (they overlap with whatever the caller records next)
             if task_stream._completed < self.start_seq:
@@ -315,9 +320,9 @@ class GraphTask:
 
     def _seed(
         self, outputs: list[Tensor], grads: list[Tensor]
-    ) -> tuple[dict[Node, int], set[Node] | None, dict[Node, list[Any]], list[Any] | None]:
+    ) -> tuple[dict[Node, int], set[Node] | None, dict[Node, list[Any]], list[Any] | None, Node | None]:
         """Dependency counts, the nodes to run (None: all), the gradient buffers seeded with ``grads``, and
-        the heap of the nodes ready to run."""
+        the heap of the nodes ready to run (None when at most one is: then that node, else None)."""
         roots = [(t._grad_fn, t._out_nr) if t._grad_fn is not None else (t, 0) for t in outputs]
         deps, runs = self._discover(roots)
         buffers: dict[Node, list[Any]] = {}
@@ -328,11 +333,12 @@ class GraphTask:
             else:
                 self._to_leaf(node, g)
         heap: list[Any] | None = [(-n.seq, n) for n in buffers if deps.get(n, 0) == 0]
-        if heap:
+        first = heap[0][1] if heap is not None and len(heap) == 1 else None  # the one ready node
+        if heap and len(heap) > 1:
             heapq.heapify(heap)
         else:
             heap = None  # made when two nodes are ready at once (a chain never needs it)
-        return deps, runs, buffers, heap
+        return deps, runs, buffers, heap, first
 
     def _release(self) -> None:
         self.held = False
