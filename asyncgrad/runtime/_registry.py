@@ -88,19 +88,22 @@ class LeafOwner(Actor):
         self._commits = 0
         self._leaves_committed = 0
         self._hook_messages = 0
-        self._tasks_seen: set[int] = set()
+        # graph tasks that committed here: a pass sends one commit per owner, so counting the changes of
+        # task id counts distinct tasks (without keeping every id: a deep reentrant chain commits once
+        # per level)
+        self._tasks_seen = 0
+        self._last_task_id: int | None = None
 
     def handle(self, msg: Any) -> Any:
+        if type(msg) is PrepareAndCommit:
+            _prepare(msg.entries)
+            return self._commit(msg.entries, msg.create_graph, msg.task_id)
         if isinstance(msg, Prepare):
             return _prepare(msg.entries)
-        if isinstance(msg, PrepareAndCommit):
-            _prepare(msg.entries)
-            msg = Commit(msg.entries, msg.create_graph, msg.task_id)
-        if isinstance(msg, Commit):
-            self._commits += 1
-            self._leaves_committed += len(msg.entries)
-            self._tasks_seen.add(msg.task_id)
-            return self._commit(msg)
+        if isinstance(msg, (Commit, PrepareAndCommit)):
+            if isinstance(msg, PrepareAndCommit):
+                _prepare(msg.entries)
+            return self._commit(msg.entries, msg.create_graph, msg.task_id)
         if isinstance(msg, AddHook):
             self._hook_messages += 1
             msg.table[msg.hook_id] = msg.fn
@@ -111,9 +114,13 @@ class LeafOwner(Actor):
             return None
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
-    def _commit(self, msg: Commit) -> None:
+    def _commit(self, entries: list[list[Any]], create_graph: bool, task_id: int) -> None:
+        self._commits += 1
+        self._leaves_committed += len(entries)
+        if task_id != self._last_task_id:
+            self._last_task_id = task_id
+            self._tasks_seen += 1
         post = []
-        entries = msg.entries
         while entries:
             entry = entries.pop()
             leaf, g = entry
@@ -126,7 +133,7 @@ class LeafOwner(Actor):
             else:  # still computing: the kernel that makes it marked it if its array is shared
                 unique = sys.getrefcount(g) == 2 and not g.__dict__.get("_aliased", False)
             del arr
-            accumulate(self._rt, leaf, g, msg.create_graph, unique)
+            accumulate(self._rt, leaf, g, create_graph, unique)
             if leaf._post_hooks:
                 post.append(leaf)
         for leaf in post:
@@ -144,7 +151,7 @@ class LeafOwner(Actor):
             name=self.name,
             leaves_committed=self._leaves_committed,
             commits=self._commits,
-            graph_tasks_seen=len(self._tasks_seen),
+            graph_tasks_seen=self._tasks_seen,
             hook_messages=self._hook_messages,
         )
 
