@@ -105,6 +105,7 @@ async def test_a_big_gradient_from_a_pooled_buffer_is_stolen_not_copied() -> Non
         before = rt.statistics()
         loss = (ag.tensor(x) @ W).sum()
         await loss.backward()
+        await W.grad.ready()  # the steal-or-copy kernel runs in stream order after the pass
         after = rt.statistics()
         assert after.grads_stolen - before.grads_stolen == 1
         assert after.grads_copied == before.grads_copied
@@ -193,3 +194,34 @@ async def test_lanes_with_threaded_blas_keep_the_loops_priority() -> None:
     async with ag.open_runtime(lanes=1, blas_threads=2, lane_nice=10) as rt:
         await _idle_lanes(rt)
         assert [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in rt.threads()] == [base]
+
+
+async def test_a_queued_gradient_someone_else_holds_is_copied_not_stolen() -> None:
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((256, 384)), rng.standard_normal((384, 256))
+    async with ag.open_runtime() as rt:
+        W = ag.tensor(w, requires_grad=True)
+        held: list[ag.Tensor] = []
+        W.register_hook(lambda g: held.append(g))
+        X = ag.tensor(x)
+        await (X @ W).sum().backward()
+        await W.grad.ready()
+        assert rt.statistics().grads_copied == 1
+        first = held[0].numpy().copy()
+        await (X @ W).sum().backward()  # accumulates into W.grad in place
+        await W.grad.ready()
+        np.testing.assert_array_equal(held[0].numpy(), first)
+        np.testing.assert_allclose(W.grad.numpy(), 2 * first, rtol=1e-12)
+
+
+async def test_one_queued_array_for_two_leaves_is_not_stolen_twice() -> None:
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((300, 300)), rng.standard_normal((300, 300))
+    async with ag.open_runtime():
+        A, B = ag.tensor(a, requires_grad=True), ag.tensor(b, requires_grad=True)
+        s = A + B  # a queued kernel; add's rule hands one array back for both inputs
+        await (s * ag.tensor(a)).sum().backward()
+        ga, gb = A.grad.numpy(), B.grad.numpy()
+        assert not np.shares_memory(ga, gb)
+        np.testing.assert_allclose(ga, a, rtol=1e-12)
+        np.testing.assert_allclose(gb, a, rtol=1e-12)

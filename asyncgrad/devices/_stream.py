@@ -105,6 +105,8 @@ class Lane:
                     if not marker:
                         stream._error = exc
             stream._completed = seq
+            if stream._waiters:
+                stream._wake(seq)
 
     def stop(self, *, discard: bool = False) -> None:
         """Stop after the queued jobs (or, with ``discard``, after the one running now)."""
@@ -141,6 +143,9 @@ class _Part:
         except BaseException as e:  # re-raised by the lane that split the kernel
             self.exc = e
         finally:
+            # drop the slice (and the arrays it holds) before the owner can go on: its next kernel may
+            # check that nothing else refers to the output (to steal it as a .grad)
+            fn = None
             self.done.set()
         return True
 
@@ -207,7 +212,7 @@ class Stream:
     `query()` tells whether everything submitted so far has completed.
     """
 
-    __slots__ = ("__weakref__", "_completed", "_error", "_lane", "_submitted", "device", "name")
+    __slots__ = ("__weakref__", "_completed", "_error", "_lane", "_submitted", "_waiters", "device", "name")
 
     def __init__(self, device: Device, lane: Lane) -> None:
         self.device = device
@@ -215,6 +220,8 @@ class Stream:
         self._submitted = 0
         self._completed = 0
         self._error: BaseException | None = None
+        # (seq, wake) pairs of tasks awaiting `synchronize(seq)`; the lane calls `wake` once seq completed
+        self._waiters: list[tuple[int, Callable[[], None]]] = []
         self.name = f"{device}/s{next(_stream_ids)}"
 
     def __repr__(self) -> str:
@@ -227,7 +234,7 @@ class Stream:
         """
         seq = self._submitted + 1
         self._submitted = seq
-        self._lane.put((self, seq, job, marker))
+        self._lane._queue.put((self, seq, job, marker))
         return seq
 
     def query(self) -> bool:
@@ -257,18 +264,45 @@ class Stream:
         self.check_error()
 
     async def synchronize(self, seq: int | None = None) -> None:
-        """Wait, without blocking the event loop, until work up to `seq` (default: all) completed."""
+        """Wait, without blocking the event loop, until work up to `seq` (default: all) completed.
+
+        Only up to `seq`: work queued after it may still run (a marker job at the end of the queue would
+        also wait for that).
+        """
         target = self._submitted if seq is None else seq
         if self._completed < target:
             done = trio.Event()
             token = trio.lowlevel.current_trio_token()
-            self.submit(lambda: token.run_sync_soon(done.set), marker=True)
+
+            def wake() -> None:  # on the lane
+                try:
+                    token.run_sync_soon(done.set)
+                except trio.RunFinishedError:  # the waiter's loop is gone: nobody to wake
+                    pass
+
+            entry = (target, wake)
+            self._waiters.append(entry)
+            # the lane may have passed `target` before it could see the entry
+            if self._completed >= target:
+                done.set()
             try:
                 await done.wait()
-            except trio.Cancelled:
-                # the marker still runs later and sets an Event nobody waits on: harmless
-                raise
+            finally:
+                try:
+                    self._waiters.remove(entry)
+                except ValueError:  # the lane took it out already
+                    pass
         self.check_error()
+
+    def _wake(self, seq: int) -> None:
+        """(lane) Wake the waiters whose work is complete now."""
+        for entry in list(self._waiters):
+            if entry[0] <= seq:
+                try:
+                    self._waiters.remove(entry)
+                except ValueError:  # the waiter left (cancelled) meanwhile
+                    continue
+                entry[1]()
 
     def record_event(self) -> Event:
         """Record an event after the work submitted so far."""

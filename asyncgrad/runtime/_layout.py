@@ -8,6 +8,7 @@ an existing `.grad` is in place (keeping that tensor's layout), or out of place 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -53,10 +54,11 @@ def empty_like_contract(param: np.ndarray) -> np.ndarray:
     return out
 
 
-def accumulate(rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool) -> None:
+def accumulate(rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool | None) -> None:
     """Fold gradient ``g`` into ``leaf.grad`` following the layout contract (see module docstring).
 
-    ``unique``: nobody but the caller holds ``g`` (so its buffer may be stolen if its layout obeys).
+    ``unique``: nobody but the caller holds ``g`` (so its buffer may be stolen if its layout obeys);
+    None when ``g`` is still being computed: the queued steal-or-copy kernel then counts its references.
     When ``g`` is still being computed, the steal-or-copy decision runs as a kernel on the stream, so the
     backward pass never waits for its kernels.
     """
@@ -100,7 +102,7 @@ def _is_ready(t: Any) -> bool:
     return t._data is not None and (s is None or s._completed >= t._seq)
 
 
-def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool) -> Any:
+def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool | None) -> Any:
     from ._dispatch import wait_for
     from ._runtime import current_stream
     from ._tensor import Tensor
@@ -112,7 +114,13 @@ def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool) -> Any:
 
     def job() -> None:
         garr, param = g._data, leaf._data
-        if unique and private_base(garr) and obeys_contract(garr, param):
+        steal = unique
+        if steal is None:
+            # the kernel that computed g has run (stream order) and let go of it: g is held by this
+            # job's closure alone (+ getrefcount's argument), its array by g and `garr`; the kernel
+            # marked g if its rule handed one array back for two inputs
+            steal = sys.getrefcount(g) == 2 and sys.getrefcount(garr) == 3 and not g.__dict__.get("_aliased", False)
+        if steal and private_base(garr) and obeys_contract(garr, param):
             out._data = garr
             rt.grads_stolen += 1
         else:

@@ -128,12 +128,14 @@ class LeafOwner(Actor):
             # a gradient may be stolen only if nobody else holds it: here the references are the local
             # `g` and getrefcount's argument; its array is held by g alone (its base by the array alone)
             arr = g._data
+            unique: bool | None
             if arr is not None:
                 unique = sys.getrefcount(g) == 2 and sys.getrefcount(arr) == 3 and private_base(arr)
-            else:  # still computing: the kernel that makes it marked it if its array is shared
-                unique = sys.getrefcount(g) == 2 and not g.__dict__.get("_aliased", False)
+            else:  # still computing (its kernel holds it now): decided in stream order, once it is computed
+                unique = None
             del arr
             accumulate(self._rt, leaf, g, create_graph, unique)
+            g = None  # a queued steal-or-copy kernel counts the references left to g
             if leaf._post_hooks:
                 post.append(leaf)
         for leaf in post:
