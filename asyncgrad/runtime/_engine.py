@@ -162,9 +162,14 @@ class GraphTask:
                 # nested on this task's trampoline: a cancel point, and a schedule point when another
                 # task is ready to run or this one has run for its time budget (a deep chain alone on
                 # the loop does not pay a scheduler round per level)
-                if clock() > tramp.budget_end or trio.lowlevel.current_statistics().tasks_runnable:
+                if clock() > tramp.budget_end:
                     await trio.lowlevel.checkpoint()
                     tramp.budget_end = clock() + TIME_BUDGET_S
+                elif trio.lowlevel.current_statistics().tasks_runnable:
+                    await trio.lowlevel.checkpoint()
+                    # the tasks we yielded to may run after us in the loop's next batch (which we cannot
+                    # see in the statistics): the next pass entered yields once more
+                    tramp.budget_end = 0.0
                 else:
                     await trio.lowlevel.checkpoint_if_cancelled()
             else:
