@@ -142,18 +142,31 @@ class Function(metaclass=_FunctionMeta):
     def apply(cls, *args: Any) -> Any:
         """Run `forward` without recording its inside, and record one node for the whole call."""
         ctx = FunctionCtx()
-        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a._rg for a in args)
-        with _grad_mode.no_grad():
-            result = cls.forward(ctx, *args)
-        single = not isinstance(result, tuple)
-        outs = (result,) if single else result
+        needs = []
         dev = None
+        any_rg = False
         for a in args:
             if isinstance(a, Tensor):
-                dev = a._dev
-                break
-        record = _grad_mode.is_grad_enabled() and any(isinstance(a, Tensor) and a._rg for a in args)
-        if not record:
+                if dev is None:
+                    dev = a._dev
+                rg = a._rg
+                any_rg = any_rg or rg
+                needs.append(rg)
+            else:
+                needs.append(False)
+        ctx.needs_input_grad = tuple(needs)
+        mode = _grad_mode._grad_enabled
+        record = mode.get()
+        token = mode.set(False)  # forward runs under no_grad
+        try:
+            result = cls.forward(ctx, *args)
+        finally:
+            mode.reset(token)
+        single = not isinstance(result, tuple)
+        outs = (result,) if single else result
+        if record and not any_rg:  # (forward may have made an input require grad)
+            any_rg = any(isinstance(a, Tensor) and a._rg for a in args)
+        if not (record and any_rg):
             return result
         if dev is None:
             dev = next(o._dev for o in outs if isinstance(o, Tensor))
