@@ -19,36 +19,38 @@ def is_grad_enabled() -> bool:
 
 
 class _GradMode:
-    __slots__ = ("_more", "_token")
+    __slots__ = ("_more", "_prev")
     _flag: bool
 
     def __init__(self) -> None:
-        # the token of the innermost open `with` (one object: the common case), and a list of the outer
-        # ones only when the same instance is entered again before it exits
-        self._token: contextvars.Token[bool] | None = None
-        self._more: list[contextvars.Token[bool]] | None = None
+        # the mode to restore on exit of the innermost open `with` (a bool: no token object per `with`,
+        # which a deep reentrant chain would keep per level), and a list of the outer ones only when the
+        # same instance is entered again before it exits
+        self._prev: bool | None = None
+        self._more: list[bool] | None = None
 
-    def _push(self, token: contextvars.Token[bool]) -> None:
-        if self._token is not None:
+    def _push(self, prev: bool) -> None:
+        if self._prev is not None:
             if self._more is None:
                 self._more = []
-            self._more.append(self._token)
-        self._token = token
+            self._more.append(self._prev)
+        self._prev = prev
 
-    def _pop(self) -> contextvars.Token[bool]:
-        token = self._token
-        if token is None:
+    def _pop(self) -> bool:
+        prev = self._prev
+        if prev is None:
             raise RuntimeError("a grad mode context was exited more often than it was entered")
-        self._token = self._more.pop() if self._more else None
-        return token
+        self._prev = self._more.pop() if self._more else None
+        return prev
 
     def __enter__(self) -> None:
-        self._push(_grad_enabled.set(self._flag))
+        self._push(_grad_enabled.get())
+        _grad_enabled.set(self._flag)
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        _grad_enabled.reset(self._pop())
+        _grad_enabled.set(self._pop())
 
     def __call__(self, fn: F) -> F:
         import inspect
@@ -96,23 +98,24 @@ class set_grad_enabled(_GradMode):
     used with ``with`` it restores the previous mode on exit.
     """
 
-    __slots__ = ("_flag", "_prev")
+    __slots__ = ("_before", "_flag")
 
     def __init__(self, mode: bool) -> None:
         super().__init__()
         self._flag = bool(mode)
-        self._prev = _grad_enabled.get()
+        self._before = _grad_enabled.get()
         _grad_enabled.set(self._flag)
 
     def __enter__(self) -> None:
         # the mode was already set by __init__; remember what to restore
-        self._push(_grad_enabled.set(self._flag))
+        self._push(_grad_enabled.get())
+        _grad_enabled.set(self._flag)
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        _grad_enabled.reset(self._pop())
-        _grad_enabled.set(self._prev)
+        self._pop()
+        _grad_enabled.set(self._before)
 
     def _args(self) -> tuple[Any, ...]:
         return (self._flag,)
