@@ -67,7 +67,9 @@ class FunctionNode(Node):
         self.next, ctx.needs_input_grad = edges_of(args)
         self.n_args = len(args)
         self.in_shapes = tuple(a._shape if isinstance(a, Tensor) else None for a in args)
-        self.out_meta: list[tuple[tuple[int, ...], Any, Any]] = []
+        # (shape, dtype, device) per output; device None: the node's stream's device (then the entries
+        # hold no object the garbage collector tracks, and neither does the tuple)
+        self.out_meta: tuple[tuple[tuple[int, ...], Any, Any], ...] = ()
         self.n_outputs = 0
 
     @property
@@ -96,8 +98,9 @@ class FunctionNode(Node):
             return gouts
         from ._factories import zeros
 
+        home = self.stream.device if self.stream is not None else None
         return [
-            g if g is not None or dtype is None else zeros(shape, dtype=dtype, device=dev)
+            g if g is not None or dtype is None else zeros(shape, dtype=dtype, device=home if dev is None else dev)
             for g, (shape, dtype, dev) in zip(gouts, self.out_meta)
         ]
 
@@ -171,11 +174,13 @@ class Function(metaclass=_FunctionMeta):
         if dev is None:
             dev = next(o._dev for o in outs if isinstance(o, Tensor))
         node = FunctionNode(cls, ctx, args, current_stream(dev))
+        home = dev  # the device of the node's stream
         wrapped = []
+        meta: list[tuple[tuple[int, ...], Any, Any]] = []
         for i, o in enumerate(outs):
             if not isinstance(o, Tensor):
                 wrapped.append(o)
-                node.out_meta.append(((), None, None))
+                meta.append(((), None, None))
                 continue
             if any(o is a for a in args) or o._grad_fn is not None:
                 o = o.detach()  # an input returned as-is: give the output its own identity
@@ -183,7 +188,8 @@ class Function(metaclass=_FunctionMeta):
                 o._grad_fn = node
                 o._out_nr = i
                 o._rg = True
-            node.out_meta.append((o._shape, o._dtype, o._dev))
+            meta.append((o._shape, o._dtype, None if o._dev is home else o._dev))
             wrapped.append(o)
+        node.out_meta = tuple(meta)
         node.n_outputs = len(outs)
         return wrapped[0] if single else tuple(wrapped)
