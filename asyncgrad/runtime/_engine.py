@@ -182,6 +182,8 @@ class GraphTask:
         current_graph_task.set(self)
         rt.graph_tasks_started += 1
         try:
+            deps: Any
+            buffers: Any
             deps, runs, buffers, heap, nxt = self._seed(outputs, grads)
             del outputs, grads  # not kept alive while the loop is suspended (a deep chain holds every level)
             heappop, heappush = heapq.heappop, heapq.heappush
@@ -214,7 +216,7 @@ class GraphTask:
                         node = heappop(heap)[1]
                     else:
                         break
-                    gouts = buffers.pop(node, None)
+                    gouts = buffers.pop(node, None) if buffers is not None else None
                     gins = None
                     if gouts is not None and (gouts[0] is not None or any(g is not None for g in gouts)):
                         if node._hooked or targets is not None:
@@ -228,6 +230,10 @@ class GraphTask:
                                 # give the device (and the loop) to others while this backward awaits; drop
                                 # the previous node's loop variables, which a deep chain would keep per level
                                 e = tgt = g = buf = old = r = None
+                                if not deps and not buffers:
+                                    # nothing left to count or to sum (a chain's usual state here): no node
+                                    # sends to another from now on, so keep no (tracked) dicts per level
+                                    deps = buffers = None
                                 self.held = False
                                 lock.release()
                                 try:
