@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -225,3 +226,24 @@ async def test_one_queued_array_for_two_leaves_is_not_stolen_twice() -> None:
         assert not np.shares_memory(ga, gb)
         np.testing.assert_allclose(ga, a, rtol=1e-12)
         np.testing.assert_allclose(gb, a, rtol=1e-12)
+
+
+async def test_a_failing_first_part_still_waits_for_the_lent_ones() -> None:
+    async with ag.open_runtime(lanes=2) as rt:
+        await _idle_lanes(rt)
+        started, finished = threading.Event(), threading.Event()
+
+        def first() -> None:
+            assert started.wait(TIMEOUT)
+            raise ValueError("first part failed")
+
+        def second() -> None:
+            started.set()
+            time.sleep(0.05)  # still writing when the first part fails
+            finished.set()
+
+        stream = rt.devices["cpu"].pool.acquire()
+        stream.submit(lambda: run_parts([first, second]))
+        with pytest.raises(ag.devices.KernelError, match="first part failed"):
+            await stream.synchronize()
+        assert finished.is_set()

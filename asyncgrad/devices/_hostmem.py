@@ -94,6 +94,8 @@ class HostCache:
         return arr
 
     def _recycle(self, ref: _Ref) -> None:
+        if _LIVE is None:  # type: ignore[comparison-overlap]  # module torn down at interpreter exit
+            return
         entry = _LIVE.pop(ref.key, None)
         if entry is None:
             return

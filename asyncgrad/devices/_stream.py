@@ -166,12 +166,16 @@ def run_parts(parts: list[Callable[[], None]]) -> None:
     lent = [_Part(fn) for fn in parts[1 : len(helpers) + 1]]
     for helper, part in zip(helpers, lent):
         helper._queue.put((None, 0, part, False))
-    parts[0]()
-    for fn in parts[len(lent) + 1 :]:
-        fn()
+    try:
+        parts[0]()
+        for fn in parts[len(lent) + 1 :]:
+            fn()
+    finally:
+        # even when a part here failed: no sibling may still be writing once the kernel is over
+        for part in lent:
+            if not part.run_if_unclaimed():
+                part.done.wait()
     for part in lent:
-        if not part.run_if_unclaimed():
-            part.done.wait()
         if part.exc is not None:
             raise part.exc
 
