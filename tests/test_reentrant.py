@@ -432,3 +432,45 @@ async def test_backward_awaiting_an_external_event_lets_another_training_finish(
     G = s[:, None] * np.ones((64, 64))  # dloss/dM
     g = G @ b0 + G.T @ b0 + M.sum(axis=1)[:, None]  # through M = b b^T, and through s
     np.testing.assert_allclose(results["b"], 3 * g, rtol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------------
+# a nested pass runs in its caller's task and context: it puts back what it set
+# ---------------------------------------------------------------------------------------------------
+
+
+class ModeProbe(ag.Function):
+    """Each level records its grad mode around the nested pass; the innermost turns grad mode off plainly."""
+
+    seen: ClassVar[list] = []
+
+    @staticmethod
+    def forward(ctx, x, d):
+        ctx.d = d
+        return x * 1.0
+
+    @staticmethod
+    async def backward(ctx, g):
+        if ctx.d == 0:
+            ag.set_grad_enabled(False)  # the plain form: changes the mode of the running task at once
+            return g * 2.0, None
+        with ag.enable_grad():
+            leaf = ag.ones(4, requires_grad=True)
+            pending = ModeProbe.apply(leaf, ctx.d - 1).sum().backward()
+            before = ag.is_grad_enabled()
+            await pending
+            ModeProbe.seen.append((ctx.d, before, ag.is_grad_enabled()))
+            assert leaf.grad is not None
+        return g * 2.0, None
+
+
+async def test_nested_passes_put_back_grad_mode_and_count_every_pass():
+    ModeProbe.seen = []
+    async with ag.open_runtime() as rt:
+        x = ag.ones(4, requires_grad=True)
+        await ModeProbe.apply(x, 50).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), np.full(4, 2.0))
+        assert ag.is_grad_enabled()
+        assert rt.graph_tasks_started == rt.graph_tasks_finished == 51
+    # every level awaited its nested pass with grad mode on, and found it on again afterwards
+    assert ModeProbe.seen == [(d, True, True) for d in range(1, 51)]
