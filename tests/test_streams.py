@@ -67,3 +67,25 @@ async def test_a_failed_kernel_before_the_seq_is_raised_by_the_wait() -> None:
         seq = stream.submit(boom)
         with trio.fail_after(TIMEOUT), pytest.raises(ag.devices.KernelError, match="kernel failed"):
             await stream.synchronize(seq)
+
+
+async def test_an_op_on_a_dropped_value_reports_the_kernel_error() -> None:
+    from asyncgrad.runtime._runtime import current_stream
+
+    async with ag.open_runtime(lanes=1) as rt:
+        x = ag.tensor(np.ones(10_000))
+        stream = current_stream(rt.devices["cpu"])
+
+        def boom() -> None:
+            raise ValueError("kernel failed")
+
+        stream.submit(boom)
+        y = x * 2.0  # queued after the failed kernel: skipped, so y never gets a value
+        with trio.fail_after(TIMEOUT):
+            while not stream.query():
+                await trio.sleep(0.001)  # the lane thread reaching the skipped kernel
+        z = y * 3.0  # y's stream is done, but y has no array: this must not run inline on None
+        with trio.fail_after(TIMEOUT), pytest.raises(ag.devices.KernelError, match="kernel failed"):
+            await z.ready()
+        with pytest.raises(RuntimeError, match="has no value"):
+            y.numpy()

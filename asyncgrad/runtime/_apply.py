@@ -30,7 +30,7 @@ in_plain_backward: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def _ready(t: Any) -> bool:
     s = t._stream
-    return s is None or s._completed >= t._seq
+    return t._data is not None and (s is None or s._completed >= t._seq)
 
 
 def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
@@ -44,7 +44,7 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
         for a in args:
             if isinstance(a, Tensor):
                 s = a._stream
-                if s is not None and s._completed < a._seq:
+                if (s is not None and s._completed < a._seq) or a._data is None:
                     break
                 arrays.append(a._data)
             else:

@@ -259,7 +259,8 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
             elif a._dev is not dev:
                 _device_mismatch(op, args)
             s = a._stream
-            if s is not None and s._completed < a._seq:
+            # no array on a completed stream: its kernel was dropped (a failed stream, a closing runtime)
+            if (s is not None and s._completed < a._seq) or a._data is None:
                 ready = False
             if a._rg:
                 rg = True
@@ -293,7 +294,7 @@ def apply1(op: Op, a: Any) -> Any:
         _no_runtime(op)
     s = a._stream
     data = a._data
-    if (s is None or s._completed >= a._seq) and data.size <= INLINE_MAX_ELEMENTS:
+    if (s is None or s._completed >= a._seq) and data is not None and data.size <= INLINE_MAX_ELEMENTS:
         out = Tensor._wrap(op.kernel(data), a._dev)
         if a._rg and op.rule is not None and _grad_mode._grad_enabled.get():
             node = OpNode.__new__(OpNode)
@@ -320,6 +321,8 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 and a._dev is b._dev
                 and (s is None or s._completed >= a._seq)
                 and (t is None or t._completed >= b._seq)
+                and a._data is not None
+                and b._data is not None
                 and a._data.size <= INLINE_MAX_ELEMENTS
             ):
                 out = T._wrap(op.kernel(a._data, b._data), a._dev)
@@ -329,7 +332,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 return out
         elif type(b) in _SCALARS:
             s = a._stream
-            if (s is None or s._completed >= a._seq) and a._data.size <= INLINE_MAX_ELEMENTS:
+            if (s is None or s._completed >= a._seq) and a._data is not None and a._data.size <= INLINE_MAX_ELEMENTS:
                 out = T._wrap(op.kernel(a._data, b), a._dev)
                 if a._rg and op.rule is not None and _grad_mode._grad_enabled.get():
                     node = OpNode.__new__(OpNode)
@@ -339,7 +342,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 return out
     elif type(b) is T and type(a) in _SCALARS:
         s = b._stream
-        if (s is None or s._completed >= b._seq) and b._data.size <= INLINE_MAX_ELEMENTS:
+        if (s is None or s._completed >= b._seq) and b._data is not None and b._data.size <= INLINE_MAX_ELEMENTS:
             out = T._wrap(op.kernel(a, b._data), b._dev)
             if b._rg and op.rule is not None and _grad_mode._grad_enabled.get():
                 out._grad_fn = OpNode(op, (a, b), EMPTY, None)

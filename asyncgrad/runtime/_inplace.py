@@ -23,9 +23,11 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any) -> Tensor:
                 f"in-place update of a tensor on {t._dev} with a tensor on {o._dev}; move it with .to() first"
             )
     stream = current_stream(t._dev)
-    ready = t._stream is None or t._stream._completed >= t._seq
+    ready = t._data is not None and (t._stream is None or t._stream._completed >= t._seq)
     for o in others:
-        if isinstance(o, Tensor) and o._stream is not None and o._stream._completed < o._seq:
+        if isinstance(o, Tensor) and (
+            o._data is None or (o._stream is not None and o._stream._completed < o._seq)
+        ):
             ready = False
     if ready and stream._completed >= stream._submitted and t.numel() <= INLINE_MAX_ELEMENTS:
         fn(t._value(), *[o._value() if isinstance(o, Tensor) else o for o in others])

@@ -210,8 +210,8 @@ class Tensor:
         data = self._data
         if data is None:
             raise RuntimeError(
-                "this tensor has no value: the kernel that computes it was skipped because an earlier "
-                "kernel on its stream failed (see the error raised before)"
+                "this tensor has no value: the kernel that computes it was skipped, because an earlier "
+                "kernel on its stream failed (see the error raised before) or its runtime closed first"
             )
         return data
 
