@@ -92,9 +92,8 @@ class Lane:
             if item is None:
                 return
             stream, seq, job, marker = item
-            if stream is None:  # a part of a sibling's kernel (`run_parts`)
-                if job.run_if_unclaimed():
-                    self.parts_run += 1
+            if stream is None:  # slices of a sibling's kernel (`run_parts`)
+                self.parts_run += job.run_unclaimed()
                 continue
             # markers only signal: they run even after a failed kernel and on shutdown, so nobody
             # waits forever on a stream whose kernels were dropped
@@ -150,12 +149,26 @@ class _Part:
         return True
 
 
-def run_parts(parts: list[Callable[[], None]]) -> None:
-    """Run independent slices of one kernel, lending all but the first to idle sibling lanes.
+class _Share:
+    """The slices of one kernel offered to a sibling lane: it runs every slice nobody claimed yet."""
 
-    Called from a kernel on a lane. The calling lane runs the first part, then claims every part no
-    sibling has started; it waits only for parts a sibling is running already, so a busy sibling never
-    delays it. Off a lane, or with no idle sibling, the parts simply run in order here.
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[_Part]) -> None:
+        self.parts = parts
+
+    def run_unclaimed(self) -> int:
+        # from the far end, so the owner (going forward) and the helpers rarely race for one slice
+        return sum(part.run_if_unclaimed() for part in reversed(self.parts))
+
+
+def run_parts(parts: list[Callable[[], None]]) -> None:
+    """Run independent slices of one kernel on this lane and on any idle sibling lanes.
+
+    Called from a kernel on a lane. Each slice is run by whichever lane claims it first: the calling
+    lane goes through them in order, idle siblings from the other end, so a sibling that gets no core
+    for a while (or never wakes) only means the caller runs more of them itself. The caller waits only
+    for slices a sibling is running already. Off a lane, or with no idle sibling, they run here in order.
     """
     lane: Lane | None = getattr(_tls, "lane", None)
     helpers = [s for s in lane.siblings if s._idle] if lane is not None else []
@@ -163,19 +176,19 @@ def run_parts(parts: list[Callable[[], None]]) -> None:
         for fn in parts:
             fn()
         return
-    lent = [_Part(fn) for fn in parts[1 : len(helpers) + 1]]
-    for helper, part in zip(helpers, lent):
-        helper._queue.put((None, 0, part, False))
+    shared = [_Part(fn) for fn in parts]
+    share = _Share(shared)
+    for helper in helpers:
+        helper._queue.put((None, 0, share, False))
     try:
-        parts[0]()
-        for fn in parts[len(lent) + 1 :]:
-            fn()
+        for part in shared:
+            part.run_if_unclaimed()
     finally:
-        # even when a part here failed: no sibling may still be writing once the kernel is over
-        for part in lent:
+        # also after a failed slice: no sibling may still be writing once the kernel is over
+        for part in shared:
             if not part.run_if_unclaimed():
                 part.done.wait()
-    for part in lent:
+    for part in shared:
         if part.exc is not None:
             raise part.exc
 
