@@ -89,3 +89,19 @@ async def test_an_op_on_a_dropped_value_reports_the_kernel_error() -> None:
             await z.ready()
         with pytest.raises(RuntimeError, match="has no value"):
             y.numpy()
+
+
+async def test_an_idle_lane_holds_no_finished_job() -> None:
+    import functools
+    import gc
+    import weakref
+
+    async with ag.open_runtime(lanes=1) as rt:
+        stream = rt.devices["cpu"].pool.acquire()
+        big = np.ones(100_000)
+        ref = weakref.ref(big)
+        stream.submit(functools.partial(np.sum, big))  # the job, not this frame, holds the array
+        await stream.synchronize()
+        del big
+        gc.collect()
+        assert ref() is None  # the finished job (and the array in its closure) is gone

@@ -103,6 +103,9 @@ class Lane:
                 except BaseException as exc:  # kept, re-raised where the stream is waited on
                     if not marker:
                         stream._error = exc
+            # let go of the job before anyone sees it done: its closure holds its tensors and arrays,
+            # which would otherwise stay alive (and look shared to the steal checks) until the next job
+            item = job = None
             stream._completed = seq
             if stream._waiters:
                 stream._wake(seq)
