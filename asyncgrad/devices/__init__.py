@@ -21,7 +21,7 @@ from ._device import (
 )
 from ._hostmem import MIN_BYTES as HOST_CACHE_MIN_BYTES
 from ._hostmem import HostCache, HostCacheStatistics, lane_empty, private_base
-from ._stream import Event, KernelError, Lane, Stream, StreamStatistics, current_lane, run_parts
+from ._stream import Event, KernelError, Lane, Stream, StreamStatistics, idle_siblings, run_parts
 
 __all__ = [
     "DEFAULT_LANE_NICE",
@@ -40,7 +40,7 @@ __all__ = [
     "StreamPool",
     "StreamStatistics",
     "Synchronize",
-    "current_lane",
+    "idle_siblings",
     "lane_empty",
     "private_base",
     "run_parts",

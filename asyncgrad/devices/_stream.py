@@ -70,9 +70,6 @@ class Lane:
         )
         self._thread.start()
 
-    def put(self, item: Any) -> None:
-        self._queue.put(item)
-
     def _main(self) -> None:
         if self._blas_threads is not None:
             _limit_blas_in_this_thread(self._blas_threads)
@@ -173,8 +170,7 @@ def run_parts(parts: list[Callable[[], None]]) -> None:
     for a while (or never wakes) only means the caller runs more of them itself. The caller waits only
     for slices a sibling is running already. Off a lane, or with no idle sibling, they run here in order.
     """
-    lane: Lane | None = getattr(_tls, "lane", None)
-    helpers = [s for s in lane.siblings if s._idle] if lane is not None else []
+    helpers = idle_siblings()
     if not helpers or len(parts) < 2:
         for fn in parts:
             fn()
@@ -196,9 +192,10 @@ def run_parts(parts: list[Callable[[], None]]) -> None:
             raise part.exc
 
 
-def current_lane() -> Lane | None:
-    """The lane running the calling thread's kernel (None off the lanes)."""
-    return getattr(_tls, "lane", None)
+def idle_siblings() -> list[Lane]:
+    """The calling lane's siblings that are waiting for work now (none off the lanes)."""
+    lane: Lane | None = getattr(_tls, "lane", None)
+    return [s for s in lane.siblings if s._idle] if lane is not None else []
 
 
 def _lower_priority_of_this_thread(increment: int) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import HOST_CACHE_MIN_BYTES, current_lane, lane_empty, run_parts
+from ..devices import HOST_CACHE_MIN_BYTES, idle_siblings, lane_empty, run_parts
 from ._dispatch import OpError, apply, broadcast_shapes, defop
 from ._tensor import Tensor
 from ._xp import NP, sum_to
@@ -78,8 +78,7 @@ def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if m * n * dtype.itemsize < HOST_CACHE_MIN_BYTES and 2 * m * n * k < SPLIT_MIN_FLOPS:
         return np.matmul(a, b)
     out = lane_empty((m, n), dtype)
-    lane = current_lane()
-    ways = 1 + sum(s._idle for s in lane.siblings) if lane is not None else 1
+    ways = 1 + len(idle_siblings())
     if ways < 2 or 2 * m * n * k < SPLIT_MIN_FLOPS:
         np.matmul(a, b, out=out)
         return out
