@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import asyncgrad as ag
-from asyncgrad.devices import HOST_CACHE_MIN_BYTES, HostCache, private_base, run_parts
+from asyncgrad.devices import HOST_CACHE_MIN_BYTES, HostCache, _blas, private_base, run_parts
 from asyncgrad.runtime._ops_linalg import SPLIT_MIN_FLOPS
 
 TIMEOUT = 30
@@ -113,10 +113,15 @@ async def test_a_big_gradient_from_a_pooled_buffer_is_stolen_not_copied() -> Non
         np.testing.assert_allclose(W.grad.numpy(), x.sum(0)[:, None] * np.ones((1, 256)), rtol=1e-12)
 
 
+@pytest.mark.parametrize("how", ["blas-boost", "lane-split"])
 @pytest.mark.parametrize("shape", [(600, 200, 300), (64, 700, 900), (9, 3000, 1000)])
-async def test_a_split_matmul_and_its_gradients_match_numpy(shape: tuple[int, int, int]) -> None:
+async def test_a_split_matmul_and_its_gradients_match_numpy(
+    shape: tuple[int, int, int], how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     m, k, n = shape
     assert 2 * m * n * k >= SPLIT_MIN_FLOPS
+    if how == "lane-split":
+        monkeypatch.setattr(_blas, "_setter", False)  # as with a BLAS whose threads cannot be switched
     rng = np.random.default_rng(2)
     a, b, g = rng.standard_normal((m, k)), rng.standard_normal((k, n)), rng.standard_normal((m, n))
     async with ag.open_runtime(lanes=2):
@@ -127,6 +132,58 @@ async def test_a_split_matmul_and_its_gradients_match_numpy(shape: tuple[int, in
             np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(A.grad.numpy(), g @ b.T, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(B.grad.numpy(), a.T @ g, rtol=1e-12, atol=1e-12)
+
+
+async def test_a_big_matmul_lends_idle_lanes_cores_to_blas_and_gives_them_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not _blas.boost_available():
+        pytest.skip("this BLAS is not a pthreads OpenBLAS: big products are split across lanes instead")
+    calls: list[int] = []
+    real = _blas._setter
+
+    def spy(threads: int) -> None:
+        calls.append(threads)
+        real(threads)
+
+    monkeypatch.setattr(_blas, "_setter", spy)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((400, 300)), rng.standard_normal((300, 500))
+    async with ag.open_runtime(lanes=2) as rt:
+        await _idle_lanes(rt)
+        with trio.fail_after(TIMEOUT):
+            out = ag.tensor(a) @ ag.tensor(b)
+            np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-12, atol=1e-12)
+            # one idle sibling: two BLAS threads for that call, then back to the lanes' one
+            assert calls == [2, 1]
+            # keep the other lane busy: with no idle sibling the product runs on this lane's one BLAS
+            # thread, and nothing is switched
+            from asyncgrad.runtime._runtime import current_stream
+
+            own = current_stream(rt.cpu)._lane
+            other = next(lane for lane in rt.devices["cpu"]._lanes if lane is not own)
+            started, release = threading.Event(), threading.Event()
+            other._queue.put((None, 0, _Blocker(started, release), False))
+            assert started.wait(TIMEOUT)
+            calls.clear()
+            try:
+                out = ag.tensor(a) @ ag.tensor(b)
+                np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-12, atol=1e-12)
+            finally:
+                release.set()
+            assert calls == []
+
+
+class _Blocker:
+    """Stands in for a sibling's lent slices: keeps a lane busy until released."""
+
+    def __init__(self, started: threading.Event, release: threading.Event) -> None:
+        self.started, self.release = started, release
+
+    def run_unclaimed(self) -> int:
+        self.started.set()
+        self.release.wait(TIMEOUT)
+        return 0
 
 
 async def _idle_lanes(rt: Any) -> list[Any]:

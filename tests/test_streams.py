@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import asyncgrad as ag
 
@@ -105,3 +107,39 @@ async def test_an_idle_lane_holds_no_finished_job() -> None:
         del big
         gc.collect()
         assert ref() is None  # the finished job (and the array in its closure) is gone
+
+
+async def test_a_backward_lets_its_caller_run_at_most_two_passes_ahead_of_the_stream() -> None:
+    from asyncgrad.runtime._runtime import current_stream
+
+    async with ag.open_runtime(lanes=1) as rt:
+        gate = threading.Event()
+        w = ag.tensor(np.full(10_000, 2.0), requires_grad=True)
+        x = ag.tensor(np.arange(10_000.0))
+        grads: list[np.ndarray] = []
+        streams: list[Any] = []
+
+        async def training() -> None:
+            stream = current_stream(rt.cpu)  # this task's stream
+            streams.append(stream)
+            stream.submit(lambda: gate.wait(TIMEOUT))  # its lane is stuck until the gate opens
+            for _ in range(3):
+                await (x * w).sum().backward()  # queued behind the gate: more than the inline limit
+                grads.append(w.grad.numpy)
+                w.grad = None
+
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(training)
+                try:
+                    await trio.testing.wait_all_tasks_blocked()
+                    # pass 1 waits for nothing (not even its own forward); pass 2 waits for what was
+                    # queued before pass 1 (the gate and step 1's forward): one step ahead, no more
+                    assert len(grads) == 1
+                    assert streams[0]._completed == 0
+                finally:
+                    gate.set()
+            assert len(grads) == 3
+            for g in grads:
+                np.testing.assert_array_equal(g(), np.arange(10_000.0))
+

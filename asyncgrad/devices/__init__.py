@@ -9,6 +9,9 @@ job only *launches* kernels, asynchronously), completion is a cupy ``Event`` rec
 The CUDA device itself is not implemented yet (no GPU to test on); asking for one says so.
 """
 
+from ._blas import boost_available as blas_boost_available
+from ._blas import boosted as blas_boosted
+from ._blas import unboost as blas_unboost
 from ._device import (
     DEFAULT_LANE_NICE,
     INLINE_MAX_ELEMENTS,
@@ -40,6 +43,9 @@ __all__ = [
     "StreamPool",
     "StreamStatistics",
     "Synchronize",
+    "blas_boost_available",
+    "blas_boosted",
+    "blas_unboost",
     "idle_siblings",
     "lane_empty",
     "private_base",

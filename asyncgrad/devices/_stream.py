@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from . import _hostmem
+from . import _blas, _hostmem
 from ._hostmem import HostCache
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class Lane:
     def _main(self) -> None:
         if self._blas_threads is not None:
             _limit_blas_in_this_thread(self._blas_threads)
+            _blas.set_base(self._blas_threads)
         # only single-threaded BLAS: a multi-threaded one hands work to its own pool threads, which
         # keep normal priority and spin while they wait, starving a lowered caller (measured on W5)
         if self._nice > 0 and self._blas_threads == 1:
@@ -229,7 +230,17 @@ class Stream:
     `query()` tells whether everything submitted so far has completed.
     """
 
-    __slots__ = ("__weakref__", "_completed", "_error", "_lane", "_submitted", "_waiters", "device", "name")
+    __slots__ = (
+        "__weakref__",
+        "_completed",
+        "_error",
+        "_lane",
+        "_submitted",
+        "_waiters",
+        "device",
+        "name",
+        "pass_mark",
+    )
 
     def __init__(self, device: Device, lane: Lane) -> None:
         self.device = device
@@ -240,6 +251,8 @@ class Stream:
         # (seq, wake) pairs of tasks awaiting `synchronize(seq)`; the lane calls `wake` once seq completed
         self._waiters: list[tuple[int, Callable[[], None]]] = []
         self.name = f"{device}/s{next(_stream_ids)}"
+        # for the layer above: the engine keeps here where the latest backward pass on this stream began
+        self.pass_mark = 0
 
     def __repr__(self) -> str:
         return f"<Stream {self.name} lane={self._lane.index} pending={self._submitted - self._completed}>"

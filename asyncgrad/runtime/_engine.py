@@ -177,7 +177,9 @@ class GraphTask:
                 # a nested pass in its own task is a checkpoint on entry, as any trio call
                 await trio.lowlevel.checkpoint()
         self.stream = task_stream = current_stream(rt.cpu)  # nodes that ran inline queue their backward here
-        self.start_seq = task_stream._submitted
+        # backpressure: this pass's caller may run ahead of its stream by up to one more pass (see below)
+        self.start_seq = task_stream.pass_mark
+        task_stream.pass_mark = task_stream._submitted
         lock = self.lock = task_stream.device.apply_lock
         current_graph_task.set(self)
         rt.graph_tasks_started += 1
@@ -318,8 +320,10 @@ class GraphTask:
             # stolen by its leaf (the owner checks that it is the only holder)
             del deps, runs, buffers, heap
             node = gouts = gins = g = buf = e = tgt = old = nxt = None
-            # let the caller run at most one pass ahead of its stream: wait for the work queued before this
-            # pass, not for the pass's own kernels (they overlap with whatever the caller records next)
+            # let the caller run ahead of its stream by at most two passes: wait for the work queued before
+            # the previous pass on this stream, not for this step's forward or the pass's own kernels (the
+            # caller's next recording, e.g. an optimizer step, overlaps with them instead of waking up in
+            # the middle of the backward's kernels and competing with them for the GIL)
             if task_stream._completed < self.start_seq:
                 await task_stream.synchronize(self.start_seq)
             else:

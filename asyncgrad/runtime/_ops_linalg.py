@@ -6,7 +6,15 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import HOST_CACHE_MIN_BYTES, idle_siblings, lane_empty, run_parts
+from ..devices import (
+    HOST_CACHE_MIN_BYTES,
+    blas_boost_available,
+    blas_boosted,
+    blas_unboost,
+    idle_siblings,
+    lane_empty,
+    run_parts,
+)
 from ._dispatch import OpError, apply, broadcast_shapes, defop
 from ._tensor import Tensor
 from ._xp import NP, sum_to
@@ -81,6 +89,14 @@ def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ways = 1 + len(idle_siblings())
     if ways < 2 or 2 * m * n * k < SPLIT_MIN_FLOPS:
         np.matmul(a, b, out=out)
+        return out
+    if blas_boost_available():
+        # BLAS's own threads (no GIL, spinning briefly) beat handing slices to sibling lanes (W1)
+        blas_boosted(ways)
+        try:
+            np.matmul(a, b, out=out)
+        finally:
+            blas_unboost()
         return out
     # split the longer side of the output into contiguous row or column blocks, one per lane (two per
     # lane measured no better on W1/W5: smaller blocks run less efficiently in BLAS)
