@@ -109,14 +109,18 @@ async def test_an_idle_lane_holds_no_finished_job() -> None:
         assert ref() is None  # the finished job (and the array in its closure) is gone
 
 
-async def test_a_backward_lets_its_caller_run_at_most_two_passes_ahead_of_the_stream() -> None:
+@pytest.mark.parametrize("shared_lane", [False, True])
+async def test_a_backward_lets_its_caller_run_ahead_of_the_stream(shared_lane: bool) -> None:
+    """Alone on its lane a training may record one more step ahead; sharing it, none."""
     from asyncgrad.runtime._runtime import current_stream
 
     async with ag.open_runtime(lanes=1) as rt:
+        if shared_lane:
+            rt.devices["cpu"].pool.acquire()  # another stream on the one lane (another training's)
         gate = threading.Event()
         w = ag.tensor(np.full(10_000, 2.0), requires_grad=True)
         x = ag.tensor(np.arange(10_000.0))
-        grads: list[np.ndarray] = []
+        grads: list[Any] = []
         streams: list[Any] = []
 
         async def training() -> None:
@@ -133,13 +137,13 @@ async def test_a_backward_lets_its_caller_run_at_most_two_passes_ahead_of_the_st
                 nursery.start_soon(training)
                 try:
                     await trio.testing.wait_all_tasks_blocked()
-                    # pass 1 waits for nothing (not even its own forward); pass 2 waits for what was
-                    # queued before pass 1 (the gate and step 1's forward): one step ahead, no more
-                    assert len(grads) == 1
+                    # alone, pass 1 waits for nothing (not even its own forward) and pass 2 for what was
+                    # queued before pass 1 (the gate and step 1's forward); shared, pass 1 waits for
+                    # its forward
+                    assert len(grads) == (0 if shared_lane else 1)
                     assert streams[0]._completed == 0
                 finally:
                     gate.set()
             assert len(grads) == 3
             for g in grads:
                 np.testing.assert_array_equal(g(), np.arange(10_000.0))
-

@@ -267,6 +267,10 @@ class Stream:
         self._lane._queue.put((self, seq, job, marker))
         return seq
 
+    def lane_to_itself(self) -> bool:
+        """True when no other stream of the device was ever bound to this stream's lane."""
+        return self._lane.streams_bound <= 1
+
     def query(self) -> bool:
         """True when all submitted work has completed."""
         return self._completed >= self._submitted

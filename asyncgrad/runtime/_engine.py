@@ -177,9 +177,11 @@ class GraphTask:
                 # a nested pass in its own task is a checkpoint on entry, as any trio call
                 await trio.lowlevel.checkpoint()
         self.stream = task_stream = current_stream(rt.cpu)  # nodes that ran inline queue their backward here
-        # backpressure: this pass's caller may run ahead of its stream by up to one more pass (see below)
-        self.start_seq = task_stream.pass_mark
-        task_stream.pass_mark = task_stream._submitted
+        # backpressure (see the end of the pass): a stream alone on its lane lets its caller run one more
+        # pass ahead; on a shared lane the loop has the other streams' work to record meanwhile, and a
+        # deeper queue only adds to the contention for the GIL (W3)
+        mark, task_stream.pass_mark = task_stream.pass_mark, task_stream._submitted
+        self.start_seq = mark if task_stream.lane_to_itself() else task_stream.pass_mark
         lock = self.lock = task_stream.device.apply_lock
         current_graph_task.set(self)
         rt.graph_tasks_started += 1
@@ -320,10 +322,10 @@ class GraphTask:
             # stolen by its leaf (the owner checks that it is the only holder)
             del deps, runs, buffers, heap
             node = gouts = gins = g = buf = e = tgt = old = nxt = None
-            # let the caller run ahead of its stream by at most two passes: wait for the work queued before
-            # the previous pass on this stream, not for this step's forward or the pass's own kernels (the
-            # caller's next recording, e.g. an optimizer step, overlaps with them instead of waking up in
-            # the middle of the backward's kernels and competing with them for the GIL)
+            # let the caller run ahead of its stream: wait for the work queued before this pass (or, alone
+            # on a lane, before the previous pass), never for the pass's own kernels. Alone, the caller's
+            # next recording (an optimizer step) then overlaps with this step's forward instead of waking
+            # up in the middle of the backward's kernels and competing with them for the GIL (W1)
             if task_stream._completed < self.start_seq:
                 await task_stream.synchronize(self.start_seq)
             else:
