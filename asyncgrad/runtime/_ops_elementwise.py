@@ -39,7 +39,12 @@ def _dt(x: Any) -> Any:
 def _sh(x: Any) -> tuple[int, ...]:
     if isinstance(x, Tensor):
         return x._shape
+    if type(x) in _PY_SCALARS:  # np.shape() costs microseconds per call on the recording path
+        return ()
     return np.shape(x)
+
+
+_PY_SCALARS = frozenset((int, float, bool, complex))
 
 
 def _unary_meta(ufunc: Any) -> Any:

@@ -19,8 +19,23 @@ from ._dispatch import OpError, apply, broadcast_shapes, defop
 from ._tensor import Tensor
 from ._xp import NP, sum_to
 
+_meta_cache: dict[tuple[Any, ...], tuple[tuple[int, ...], np.dtype[Any]]] = {}
+
 
 def _matmul_meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    # a training records the same few products every step: remember the answer per shapes and dtypes
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        key = (a._shape, b._shape, a._dtype, b._dtype)
+        r = _meta_cache.get(key)
+        if r is None:
+            r = _matmul_meta_uncached(a, b)
+            if len(_meta_cache) < 4096:
+                _meta_cache[key] = r
+        return r
+    return _matmul_meta_uncached(a, b)
+
+
+def _matmul_meta_uncached(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
     sa, sb = a.shape, b.shape
     if len(sa) == 0 or len(sb) == 0:
         raise OpError(f"matmul: both operands need at least 1 dim, got shapes {tuple(sa)} and {tuple(sb)}")
