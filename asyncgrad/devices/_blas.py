@@ -65,9 +65,11 @@ def set_base(threads: int) -> None:
 
 
 def boosted(threads: int) -> None:
-    """Use ``threads`` BLAS threads for calls starting from now (call `unboost` right after the kernel)."""
-    if boost_available():
-        _setter(threads)
+    """Use ``threads`` BLAS threads for calls starting from now.
+
+    Only after `boost_available()` said True; call `unboost` right after the kernel.
+    """
+    _setter(threads)
 
 
 def unboost() -> None:
