@@ -177,6 +177,9 @@ class Chain(ag.Function):
         Chain.depths.append(ctx.d)
         if ctx.d == Chain.signal_at:
             Chain.reached.set()
+            # let the cancelling task run now: left to trio's scheduling order, under load the chain could
+            # descend several more levels before it ran (what is tested is what the cancel then reaches)
+            await trio.testing.wait_all_tasks_blocked()
         if ctx.d == Chain.fail_at:
             if Chain.before_fail is not None:
                 await Chain.before_fail.wait()
