@@ -22,7 +22,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import blas_info, env_lines, have, load_line, say, short_error, torch_blas_line
+from _common import blas_info, env_lines, have, load_line, say, short_error, steady_malloc, torch_blas_line
 
 WORKLOADS = {
     "W1": "w1_mlp_step",
@@ -46,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown workload(s) {bad}; choose from {list(WORKLOADS)}")
 
     say("asyncgrad benchmarks" + (" (--quick)" if args.quick else ""))
-    for line in env_lines():
+    malloc = steady_malloc()
+    for line in [*env_lines(), malloc]:
         say("  " + line)
-    report: dict[str, object] = {"quick": args.quick, "env": env_lines(), "blas": blas_info()}
+    report: dict[str, object] = {"quick": args.quick, "env": [*env_lines(), malloc], "blas": blas_info()}
     report["workloads"] = {}
     if have("torch"):
         tl = torch_blas_line()

@@ -14,7 +14,19 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import Failed, blas_info, fmt, have, median, peak_rss_mb, ru_maxrss_mb, run_child, say, table
+from _common import (
+    Failed,
+    blas_info,
+    fmt,
+    have,
+    median,
+    minor_faults,
+    peak_rss_mb,
+    ru_maxrss_mb,
+    run_child,
+    say,
+    table,
+)
 
 B, D, H, C = 128, 784, 512, 10
 LR = 0.01
@@ -231,22 +243,36 @@ def ag_check(lanes: int | None) -> list[np.ndarray]:
 
 
 def rss_child(contender: str, steps: int = 20, lanes: int | None = None) -> dict[str, Any]:
-    """(child) Build the contender, then train; report peak RSS after setup and after training."""
+    """(child) Build the contender, then train; report peak RSS after setup and after training, and the
+    rate and minor page faults of the steps after the first few (a fresh process, glibc's defaults)."""
+    warm = min(3, steps - 1)
+
+    def result(base: float, t: float, f: int) -> dict[str, Any]:
+        timed = steps - warm
+        return {"base_mb": base, "peak_mb": peak_rss_mb(), "ru_maxrss_mb": ru_maxrss_mb(),
+                "steps_per_s": timed / (time.perf_counter() - t), "faults_per_step": (minor_faults() - f) / timed}
+
     if contender == "asyncgrad":
 
         async def go(m: AgMLP, rt: Any) -> dict[str, Any]:
             base = peak_rss_mb()
-            for _ in range(steps):
+            for _ in range(warm):
                 await m.step()
-            return {"base_mb": base, "peak_mb": peak_rss_mb(), "ru_maxrss_mb": ru_maxrss_mb()}
+            t, f = time.perf_counter(), minor_faults()
+            for _ in range(steps - warm):
+                await m.step()
+            return result(base, t, f)
 
         return ag_run(lanes, go)  # type: ignore[no-any-return]
     cls = {"numpy": NumpyMLP, "torch": TorchMLP, "autograd": HipsMLP}[contender]
     m = cls()
     base = peak_rss_mb()
-    for _ in range(steps):
+    for _ in range(warm):
         m.step()
-    return {"base_mb": base, "peak_mb": peak_rss_mb(), "ru_maxrss_mb": ru_maxrss_mb()}
+    t, f = time.perf_counter(), minor_faults()
+    for _ in range(steps - warm):
+        m.step()
+    return result(base, t, f)
 
 
 # ---- the workload ---------------------------------------------------------------------------------
@@ -402,6 +428,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     for name, rs in rss.items():
         if "error" in rs:
             say(f"  RSS child for {name}: {rs['error']}")
+    say("  alone in a fresh process (the RSS children, glibc malloc left dynamic; steps 4-20, one run each):")
+    for name, rs in rss.items():
+        if "steps_per_s" in rs and name != "numpy, 1 BLAS thread":
+            say(f"    {name:28s} {rs['steps_per_s']:7.1f} steps/s  {rs['faults_per_step']:7.0f} minor page faults/step")
     noisy = fl_med == fl_med and fl_best / fl_med > 1.3
     if noisy:
         from _common import load_line
