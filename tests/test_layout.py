@@ -269,3 +269,24 @@ async def test_create_graph_first_grad_is_differentiable_and_obeys_contract(
     assert p.grad.requires_grad
     assert p.grad.strides == arr.strides
     np.testing.assert_allclose(p.grad.numpy(), 2 * arr * c.numpy(), rtol=1e-14)
+
+
+async def test_first_commit_through_a_new_owner_stays_on_the_gradients_stream(rng: np.random.Generator) -> None:
+    """A training's first pass finds its leaves' owner not started yet, so the owner commits in its own
+    task. The queued steal-or-copy of a still-computing gradient must go behind that gradient's kernel on
+    its stream, not on a stream of the owner's task: no second stream, no cross-stream wait, and the
+    gradient is still stolen."""
+    n = 96  # outputs above the inline limit: the backward's kernels are queued, the gradient pending
+    xa, wa = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    async with ag.open_runtime(lanes=1) as rt:
+        w = param(wa.copy())
+        x = ag.tensor(xa)
+        before = stats(rt)
+        with trio.fail_after(TIMEOUT):
+            await (x @ w).sum().backward()
+            await w.grad.ready()
+        after = stats(rt)
+        np.testing.assert_allclose(w.grad.numpy(), xa.T @ np.ones((n, n)), rtol=1e-12)
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+        assert rt.cpu.pool.created == 1
+        assert all(s.statistics().pending == 0 for s in rt.cpu.pool.all_streams())
