@@ -46,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown workload(s) {bad}; choose from {list(WORKLOADS)}")
 
     say("asyncgrad benchmarks" + (" (--quick)" if args.quick else ""))
-    malloc = steady_malloc()
-    for line in [*env_lines(), malloc]:
+    env = [*env_lines(), steady_malloc()]
+    for line in env:
         say("  " + line)
-    report: dict[str, object] = {"quick": args.quick, "env": [*env_lines(), malloc], "blas": blas_info()}
+    report: dict[str, object] = {"quick": args.quick, "env": env, "blas": blas_info()}
     report["workloads"] = {}
     if have("torch"):
         tl = torch_blas_line()

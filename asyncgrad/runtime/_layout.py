@@ -108,7 +108,7 @@ def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool | None) -> An
     from ._tensor import Tensor
 
     # queue it behind g's own kernel, on g's stream: a leaf's owner that got the commit in its own task
-    # (it was busy when the pass finished) would otherwise take a stream of its own, and every such
+    # (not started yet, or busy, when the pass finished) would otherwise take a stream of its own, and every such
     # commit would cost a cross-stream event and a lane blocked on it
     gs = g._stream
     stream = gs if gs is not None and gs.device is leaf._dev else current_stream(leaf._dev)
