@@ -87,6 +87,8 @@ class Device(Actor):
     def __init__(self, index: int = 0) -> None:
         super().__init__(f"{self.type}:{index}")
         self.index = index
+        # looked up per op (streams are keyed by device): hashed once, not per lookup
+        self._hash = hash((self.type, index))
         self.pool = StreamPool(self)
         self._streams: list[Stream] = []
         # held by a graph task while it runs an async (reentrant-capable) backward on this device; a
@@ -107,7 +109,7 @@ class Device(Actor):
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self.type, self.index))
+        return self._hash
 
     def _new_stream(self) -> Stream:
         raise NotImplementedError

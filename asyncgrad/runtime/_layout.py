@@ -15,6 +15,10 @@ import numpy as np
 
 from ..devices import private_base
 from . import _grad_mode
+from ._dispatch import wait_for
+from ._inplace import inplace
+from ._runtime import current_stream
+from ._tensor import Tensor
 
 
 def is_dense_nonoverlapping(a: np.ndarray) -> bool:
@@ -62,9 +66,6 @@ def accumulate(rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool | No
     When ``g`` is still being computed, the steal-or-copy decision runs as a kernel on the stream, so the
     backward pass never waits for its kernels.
     """
-    from ._inplace import inplace
-    from ._tensor import Tensor
-
     old = leaf._grad
     if old is None:
         if create_graph and g._rg:
@@ -103,10 +104,6 @@ def _is_ready(t: Any) -> bool:
 
 
 def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool | None) -> Any:
-    from ._dispatch import wait_for
-    from ._runtime import current_stream
-    from ._tensor import Tensor
-
     # queue it behind g's own kernel, on g's stream: a leaf's owner that got the commit in its own task
     # (not started yet, or busy, when the pass finished) would otherwise take a stream of its own, and every such
     # commit would cost a cross-stream event and a lane blocked on it

@@ -56,7 +56,11 @@ def _unary_meta(ufunc: Any) -> Any:
 
 def _binary_meta(name: str, ufunc: Any) -> Any:
     def meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
-        return broadcast_shapes(name, _sh(a), _sh(b)), _ufunc_dtype(ufunc, _dt(a), _dt(b))
+        da, db = _dt(a), _dt(b)
+        # the cache key _ufunc_dtype would build, without its generator (this runs once per binary op)
+        ka = da if isinstance(da, np.dtype) else type(da)
+        r = _udtype.get((ufunc, ka, db if isinstance(db, np.dtype) else type(db)))
+        return broadcast_shapes(name, _sh(a), _sh(b)), r if r is not None else _ufunc_dtype(ufunc, da, db)
 
     return meta
 

@@ -26,6 +26,7 @@ import trio
 from ..actors import Actor, ActorClosedError
 from ..devices import private_base
 from ._apply import BackwardError
+from ._engine import call_hook, check_hook_grad
 from ._hooks import HookTable
 from ._layout import accumulate
 
@@ -159,8 +160,6 @@ class LeafOwner(Actor):
 
 
 def _prepare(entries: list[list[Any]]) -> None:
-    from ._engine import call_hook, check_hook_grad
-
     for entry in entries:
         leaf, g = entry
         hooks = leaf._hooks

@@ -10,7 +10,7 @@ import numpy as np
 import trio
 
 from ..devices import Device, Stream
-from . import _dispatch
+from . import _dispatch, _grad_mode
 from ._runtime import current_runtime
 
 _INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
@@ -357,9 +357,7 @@ class Tensor:
 
         Argument checks happen at the call; the returned awaitable runs the pass.
         """
-        from ._autograd import backward
-
-        return backward(  # type: ignore[no-any-return]
+        return _autograd.backward(  # type: ignore[no-any-return]
             [self],
             None if gradient is None else [gradient],
             retain_graph=retain_graph,
@@ -385,31 +383,21 @@ class Tensor:
     # ---- in-place helpers used by optimizers and zero_grad ---------------------------------------
 
     def zero_(self) -> Tensor:
-        from ._inplace import inplace
-
-        return inplace(self, lambda a: a.fill(0))
+        return _inplace.inplace(self, lambda a: a.fill(0))
 
     def fill_(self, value: builtins.float) -> Tensor:
-        from ._inplace import inplace
-
-        return inplace(self, lambda a: a.fill(value))
+        return _inplace.inplace(self, lambda a: a.fill(value))
 
     def copy_(self, src: Tensor | np.ndarray) -> Tensor:
-        from ._inplace import inplace
-
-        return inplace(self, lambda a, s: np.copyto(a, s), src)
+        return _inplace.inplace(self, lambda a, s: np.copyto(a, s), src)
 
     def add_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
-        from ._inplace import inplace
-
         if alpha == 1.0:
-            return inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
-        return inplace(self, lambda a, o: np.add(a, alpha * o, out=a, casting="unsafe"), other)
+            return _inplace.inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
+        return _inplace.inplace(self, lambda a, o: np.add(a, alpha * o, out=a, casting="unsafe"), other)
 
     def mul_(self, other: Any) -> Tensor:
-        from ._inplace import inplace
-
-        return inplace(self, lambda a, o: np.multiply(a, o, out=a, casting="unsafe"), other)
+        return _inplace.inplace(self, lambda a, o: np.multiply(a, o, out=a, casting="unsafe"), other)
 
     def sub_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
         return self.add_(other, alpha=-alpha)
@@ -427,15 +415,16 @@ class Tensor:
         return self._iop(other, np.true_divide, "div")
 
     def _iop(self, other: Any, ufunc: Any, name: str) -> Tensor:
-        from . import _grad_mode
-        from ._inplace import inplace
-
         if self._rg and _grad_mode.is_grad_enabled():
             raise RuntimeError(
                 f"in-place {name} on a tensor that requires grad while grad mode is on would corrupt the "
                 "graph; use `with asyncgrad.no_grad():` or an out-of-place op"
             )
-        return inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
+        return _inplace.inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
 
 
 _dispatch.Tensor = Tensor  # type: ignore[attr-defined]
+
+# bound here, below Tensor, because both import this module: a function-level import costs ~1.5 us per call
+# on the per-op path
+from . import _autograd, _inplace  # noqa: E402
