@@ -124,14 +124,14 @@ class Pass(GraphTask):
             raise RuntimeError("a backward pass can be awaited only once")
         if current_graph_task.get() is None:
             self.coro = None
-            return _top_level(coro).__await__()
+            return _top_level(self, coro).__await__()
         if trampoline_here():
             return self  # type: ignore[return-value]  # an iterator that hands itself to `_drive`
         self.coro = None
         return _in_own_task(self.rt, coro).__await__()
 
 
-async def _top_level(body: Coroutine[Any, Any, Any]) -> Any:
+async def _top_level(task: GraphTask, body: Coroutine[Any, Any, Any]) -> Any:
     # like any trio async function, a pass is a checkpoint even when all its work ran inline
     try:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -148,7 +148,8 @@ async def _top_level(body: Coroutine[Any, Any, Any]) -> Any:
     finally:
         current_graph_task.set(None)
         _current_box.reset(token)
-    await trio.lowlevel.cancel_shielded_checkpoint()
+    if not task.slept:  # a pass that waited for its kernels was a schedule point already
+        await trio.lowlevel.cancel_shielded_checkpoint()
     return result
 
 
@@ -327,5 +328,3 @@ async def nested_grad(outs: list[Tensor], grads: list[Tensor], ins: list[Tensor]
         # nothing to capture, but parameters inside still need their gradients: stage them all
         keys, ins = [], []
     return await _grad(rt, outs, grads, ins, keys, create, create, True, parent)
-
-

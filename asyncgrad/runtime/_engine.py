@@ -57,7 +57,7 @@ class GraphTask:
     """
 
     __slots__ = ("busy_event", "capture", "coro", "create_graph", "finish", "finish_args", "held", "lock",
-                 "parent", "retain_graph", "retained", "rt", "staged", "start_seq", "stream", "targets")
+                 "parent", "retain_graph", "retained", "rt", "slept", "staged", "start_seq", "stream", "targets")
 
     def __init__(
         self,
@@ -85,6 +85,7 @@ class GraphTask:
         # the awaiting task's stream and its device's apply lock are looked up when the pass starts
         self.stream: Stream = None  # type: ignore[assignment]
         self.start_seq = 0
+        self.slept = False  # the pass waited for its stream (so it has been a schedule point)
         self.lock: Any = None  # the device's apply lock; `held`: this pass holds it now
         self.held = False
         # while this pass is inside an async node (it is then that node's `_busy`), a pass that waits
@@ -328,6 +329,7 @@ class GraphTask:
             # up in the middle of the backward's kernels and competing with them for the GIL (W1)
             if task_stream._completed < self.start_seq:
                 await task_stream.synchronize(self.start_seq)
+                self.slept = True
             else:
                 task_stream.check_error()
             return await self.finish(self, *self.finish_args)
