@@ -147,6 +147,28 @@ async def test_dropout_eval_is_identity_and_train_scales() -> None:
             nn.Dropout(1.5)
 
 
+async def test_dropout_with_its_own_generator_is_reproducible_whatever_else_draws() -> None:
+    # concurrent trainings share the thread's default generator; a module given its own generator draws
+    # the same masks however the other draws interleave with it
+    async with ag.open_runtime():
+        x = ag.tensor(np.ones((64, 32)))
+        runs = []
+        for other_draws in (0, 3):
+            d = nn.Dropout(0.5, generator=np.random.default_rng(11))
+            masks = []
+            for _ in range(3):
+                for _ in range(other_draws):
+                    F.dropout(x, 0.5)  # another training drawing from the default generator
+                masks.append(d(x).numpy() != 0)
+            runs.append(masks)
+        for a, b in zip(*runs):
+            assert np.array_equal(a, b)
+        assert not np.array_equal(runs[0][0], runs[0][1])  # a new mask per call
+        # and the mask is the one F.dropout draws from a generator in the same state
+        ref = F.dropout(x, 0.5, generator=np.random.default_rng(11)).numpy() != 0
+        assert np.array_equal(ref, runs[0][0])
+
+
 async def test_to_double_and_requires_grad() -> None:
     async with ag.open_runtime():
         lin = nn.Linear(3, 2)

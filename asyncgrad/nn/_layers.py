@@ -406,19 +406,24 @@ class Dropout(Module):
     Args:
         p: Probability of an element being zeroed.
         inplace: Accepted for compatibility (the result is always a new tensor).
+        generator: A ``numpy.random.Generator`` this module draws its masks from (an asyncgrad extension;
+            PyTorch has none). Default: the thread's default generator (see `asyncgrad.manual_seed`),
+            which every training in the thread shares, so concurrent trainings draw from it in whatever
+            order the scheduler runs them; give each training its own generator to make it reproducible.
     """
 
-    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+    def __init__(self, p: float = 0.5, inplace: bool = False, *, generator: Any = None) -> None:
         super().__init__()
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p = p
         self.inplace = inplace
+        self.generator = generator
 
     def forward(self, input: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return input
-        return F.dropout(input, self.p, self.training)
+        return F.dropout(input, self.p, self.training, generator=self.generator)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"
