@@ -28,6 +28,14 @@ def _ufunc_dtype(ufunc: Any, *dts: Any) -> np.dtype[Any]:
     return r
 
 
+def _binary_dtype(ufunc: Any, da: Any, db: Any) -> np.dtype[Any]:
+    """`_ufunc_dtype` for two operands, building the same cache key without a generator (once per op)."""
+    r = _udtype.get(
+        (ufunc, da if isinstance(da, np.dtype) else type(da), db if isinstance(db, np.dtype) else type(db))
+    )
+    return r if r is not None else _ufunc_dtype(ufunc, da, db)
+
+
 def _dt(x: Any) -> Any:
     if isinstance(x, Tensor):
         return x._dtype
@@ -56,11 +64,7 @@ def _unary_meta(ufunc: Any) -> Any:
 
 def _binary_meta(name: str, ufunc: Any) -> Any:
     def meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
-        da, db = _dt(a), _dt(b)
-        # the cache key _ufunc_dtype would build, without its generator (this runs once per binary op)
-        ka = da if isinstance(da, np.dtype) else type(da)
-        r = _udtype.get((ufunc, ka, db if isinstance(db, np.dtype) else type(db)))
-        return broadcast_shapes(name, _sh(a), _sh(b)), r if r is not None else _ufunc_dtype(ufunc, da, db)
+        return broadcast_shapes(name, _sh(a), _sh(b)), _binary_dtype(ufunc, _dt(a), _dt(b))
 
     return meta
 
