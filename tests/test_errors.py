@@ -399,7 +399,7 @@ async def test_failed_tensor_hook_message(rt: Any) -> None:
     y = x * 2.0
     y.register_hook(lambda g: g[:1])
     msg = (
-        "a hook on MulBackward returned (1,) but the gradient has shape (2,); a hook must return None or a "
+        "a hook on MulBackward0 returned (1,) but the gradient has shape (2,); a hook must return None or a "
         "Tensor of the same shape"
     )
     await araises_exactly(ag.BackwardError, msg, lambda: y.sum().backward())

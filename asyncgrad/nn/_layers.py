@@ -514,7 +514,8 @@ class Embedding(Module):
         vals = _rt.default_generator().normal(0.0, 1.0, size=self.weight.shape)
         if self.padding_idx is not None:
             vals[self.padding_idx] = 0
-        self.weight.copy_(vals.astype(self.weight.dtype))
+        with _rt.no_grad():
+            self.weight.copy_(vals.astype(self.weight.dtype))
 
     def forward(self, input: Any) -> Tensor:
         return F.embedding(input, self.weight, self.padding_idx)

@@ -372,7 +372,8 @@ class Module:
             if set_to_none:
                 p.grad = None
             else:
-                p.grad.zero_()
+                with no_grad():
+                    p.grad.detach_().zero_()
 
     # ---- devices and dtypes ---------------------------------------------------------------------
 
@@ -495,9 +496,10 @@ class Module:
             raise RuntimeError(
                 f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(errors)
             )
-        for t, arr in pairs:
-            src = np.array(arr, dtype=t.dtype, copy=True)  # the copy kernel may run later: own the source
-            t.copy_(src)
+        with no_grad():
+            for t, arr in pairs:
+                src = np.array(arr, dtype=t.dtype, copy=True)  # the copy kernel may run later: own the source
+                t.copy_(src)
         return _IncompatibleKeys(missing, unexpected)
 
     def save(self, path: str | os.PathLike[str]) -> None:

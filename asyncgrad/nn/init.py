@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..runtime import Tensor, default_generator
+from ..runtime import Tensor, default_generator, no_grad
 
 __all__ = [
     "calculate_gain",
@@ -38,7 +38,8 @@ def _gen(generator: np.random.Generator | None) -> np.random.Generator:
 def _fill(tensor: Tensor, values: np.ndarray) -> Tensor:
     if not isinstance(tensor, Tensor):
         raise TypeError(f"expected a Tensor, got {type(tensor).__name__}")
-    tensor.copy_(np.asarray(values, dtype=tensor.dtype))
+    with no_grad():  # initialising a parameter is not part of any graph (as in torch.nn.init)
+        tensor.copy_(np.asarray(values, dtype=tensor.dtype))
     return tensor
 
 
@@ -148,17 +149,20 @@ def trunc_normal_(
 
 def constant_(tensor: Tensor, val: float) -> Tensor:
     """Fill with ``val``."""
-    return tensor.fill_(val)
+    with no_grad():
+        return tensor.fill_(val)
 
 
 def ones_(tensor: Tensor) -> Tensor:
     """Fill with ones."""
-    return tensor.fill_(1.0)
+    with no_grad():
+        return tensor.fill_(1.0)
 
 
 def zeros_(tensor: Tensor) -> Tensor:
     """Fill with zeros."""
-    return tensor.zero_()
+    with no_grad():
+        return tensor.zero_()
 
 
 def eye_(tensor: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import Tensor, empty_like_contract
+from ..runtime import Tensor, empty_like_contract, no_grad
 from ..runtime._inplace import inplace
 
 __all__ = ["Optimizer", "fused_update", "state_like"]
@@ -140,7 +140,8 @@ class Optimizer:
                 if set_to_none:
                     p.grad = None
                 else:
-                    p.grad.zero_()
+                    with no_grad():
+                        p.grad.detach_().zero_()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Queue one update of every parameter that has a gradient (see the module docstring).
@@ -244,7 +245,8 @@ class Optimizer:
                         )
                     t = state_like(p)
                     src = np.array(arr, dtype=p.dtype, copy=True)
-                    t.copy_(src)
+                    with no_grad():
+                        t.copy_(src)
                     ns[k] = t
                 else:
                     ns[k] = (

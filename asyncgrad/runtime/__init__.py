@@ -79,7 +79,7 @@ from ._ops_nn2 import (
     std,
     var,
 )
-from ._ops_reduce import MaxResult, amax, argmax, argmin, max, mean, min, sum
+from ._ops_reduce import MaxResult, amax, argmax, argmin, max, mean, min, norm, sum
 from ._ops_shape import (
     broadcast_to,
     cat,
@@ -107,7 +107,7 @@ __all__ = [
     "enable_grad", "exp", "expand", "flatten", "from_numpy", "full", "gather", "gelu", "get_default_dtype",
     "getitem", "grad", "index_select", "is_dense_nonoverlapping", "is_grad_enabled", "layer_norm", "log",
     "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "max_pool2d", "maximum", "mean", "min",
-    "minimum", "mse_loss", "mul", "neg", "nll_loss", "no_grad", "obeys_contract", "ones", "ones_like",
+    "minimum", "mse_loss", "mul", "neg", "nll_loss", "no_grad", "norm", "obeys_contract", "ones", "ones_like",
     "open_runtime", "permute", "pow", "rand", "randn", "relu", "reshape", "run", "set_default_dtype",
     "set_grad_enabled", "sigmoid", "sign", "softmax", "sqrt", "squeeze", "stack", "std", "sub", "sum",
     "tanh", "tensor", "transpose", "unsqueeze", "var", "where", "zeros", "zeros_like",

@@ -104,7 +104,7 @@ class _NodeView:
         self.op, self.kw, self.needs = op, kw, needs
 
     def name(self) -> str:
-        return f"{_camel(self.op.name)}Backward"
+        return f"{_camel(self.op.name)}Backward0"
 
 
 def run_rule(node: Any, xp: Any, g: Any, arrays: list[Any], out: Any) -> list[Any]:

@@ -200,7 +200,7 @@ class OpNode(Node):
         self.needs = _NEEDS_TS
 
     def name(self) -> str:
-        return f"{_camel(self.op.name)}Backward"
+        return f"{_camel(self.op.name)}Backward0"
 
     def tensor_positions(self) -> list[int]:
         # a released node no longer has its args; then every edge that exists counts

@@ -15,6 +15,8 @@ def _norm_axes(op: str, shape: tuple[int, ...], dim: Any) -> tuple[int, ...] | N
     if dim is None:
         return None
     dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    if not dims:  # PyTorch: an empty dim list reduces over every dimension
+        return None
     n = len(shape)
     out = []
     for d in dims:
@@ -223,8 +225,56 @@ def argmin(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     return apply(OP_ARGMIN, (x,), {"axis": axes, "keepdims": bool(keepdim)})
 
 
+
+# ---- vector norms -----------------------------------------------------------------------------------
+
+
+def _norm2_meta(a: Tensor, axis: Any, keepdims: bool) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return _reduced_shape(a._shape, axis, keepdims), a._dtype
+
+
+def _norm2_kernel(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+    return np.asarray(np.sqrt(np.sum(a * a, axis=axis, keepdims=keepdims)), a.dtype)
+
+
+def _norm2_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    # d|x|/dx = x / |x|; where |x| == 0 every x in the slice is 0, and the gradient is 0 (PyTorch's choice)
+    x = args[0]
+    safe = xp.where(out == 0, 1, out)
+    return (_expand_back(xp, g / safe, x.shape, kw["axis"], kw["keepdims"]) * x,)
+
+
+OP_NORM2 = defop("norm2", _norm2_kernel, _norm2_meta, _norm2_rule, save_out=True)
+
+
+def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> Tensor:
+    """The vector ``p``-norm over ``dim`` (all elements when None), as ``torch.norm``.
+
+    ``p``: 2 or "fro" (the default), 1, any other positive number, or ``inf`` / ``-inf`` (max / min of
+    the absolute values). Differentiable; the 2-norm's gradient at 0 is 0, as in PyTorch.
+    """
+    if x._dtype.kind not in "fc":
+        raise OpError(f"norm: input dtype {x._dtype} is not floating point; convert with .to(dtype) first")
+    axis = _norm_axes("norm", x._shape, dim)
+    if p == "fro" or p == 2:
+        return apply(OP_NORM2, (x,), {"axis": axis, "keepdims": bool(keepdim)})
+    from ._ops_elementwise import abs as _abs
+
+    a = _abs(x)
+    if p == float("inf"):
+        return amax(a, dim, keepdim)
+    if p == float("-inf"):
+        return -amax(-a, dim, keepdim)
+    if p == 1:
+        return sum(a, dim, keepdim)
+    if isinstance(p, str) or not p > 0:
+        raise OpError(f"norm: p={p!r} is not supported; use a positive number, inf, -inf or 'fro'")
+    return sum(a**p, dim, keepdim) ** (1.0 / p)
+
+
 Tensor.sum = sum  # type: ignore[attr-defined]
 Tensor.mean = mean  # type: ignore[attr-defined]
+Tensor.norm = norm  # type: ignore[attr-defined]
 Tensor.max = max  # type: ignore[attr-defined]
 Tensor.min = min  # type: ignore[attr-defined]
 Tensor.amax = amax  # type: ignore[attr-defined]

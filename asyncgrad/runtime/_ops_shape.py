@@ -241,18 +241,51 @@ def stack(tensors: Any, dim: int = 0) -> Tensor:
 # ---- indexing ----------------------------------------------------------------------------------------
 
 
-def _norm_index(idx: Any) -> Any:
+def _norm_index(idx: Any, op: str = "getitem") -> Any:
     items = idx if isinstance(idx, tuple) else (idx,)
     out = []
     for i in items:
         if isinstance(i, Tensor):
-            i = i.numpy()
+            i = i._value()
         elif isinstance(i, list):
             i = np.asarray(i)
         if isinstance(i, np.ndarray) and i.dtype.kind not in "iub":
-            raise OpError(f"getitem: index arrays must be integer or bool, got dtype {i.dtype}")
+            raise OpError(f"{op}: index arrays must be integer or bool, got dtype {i.dtype}")
         out.append(i)
     return tuple(out)
+
+
+def _is_int(i: Any) -> bool:
+    return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
+
+
+def _split_ints(items: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """PyTorch's order for an index mixing integers with index arrays: ``(ints, rest)`` or None.
+
+    PyTorch selects with the integers first, then indexes what is left; numpy counts an integer as one
+    more index array when arrays are present, and puts the indexed dims in front when the arrays and
+    integers are not side by side (``x[1, :, [3, 0]]``: PyTorch (3, 2), numpy (2, 3)). Indexing with
+    ``x[ints][rest]`` gives PyTorch's result.
+    """
+    if not any(_is_int(i) for i in items):
+        return None
+    if not any(isinstance(i, np.ndarray) and i.ndim > 0 for i in items):
+        return None
+    first: list[Any] = []
+    rest: list[Any] = []
+    for i in items:
+        if _is_int(i):
+            first.append(i)
+        elif i is None:
+            rest.append(i)
+        elif i is Ellipsis:
+            first.append(i)
+            rest.append(i)
+        else:
+            # a bool mask spans as many dims as it has
+            first.extend([slice(None)] * (i.ndim if isinstance(i, np.ndarray) and i.dtype == np.bool_ else 1))
+            rest.append(i)
+    return tuple(first), tuple(rest)
 
 
 def _getitem_meta(a: Tensor, idx: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
@@ -289,8 +322,36 @@ def index_add(shape: tuple[int, ...], idx: Any, g: Tensor) -> Tensor:
 
 
 def getitem(x: Tensor, idx: Any) -> Tensor:
-    """``x[idx]`` with basic (slices, ints, None, ...) and integer/bool array indexing."""
-    return apply(OP_GETITEM, (x,), {"idx": _norm_index(idx)})
+    """``x[idx]`` with basic (slices, ints, None, ...) and integer/bool array indexing, as in PyTorch."""
+    items = _norm_index(idx)
+    parts = _split_ints(items)
+    if parts is not None:
+        return apply(OP_GETITEM, (apply(OP_GETITEM, (x,), {"idx": parts[0]}),), {"idx": parts[1]})
+    return apply(OP_GETITEM, (x,), {"idx": items})
+
+
+def setitem_parts(idx: Any) -> tuple[list[Tensor], Any]:
+    """For ``t[idx] = value``: the tensors in ``idx`` (to order the update after them) and
+    ``assign(array, value, *their_arrays)``, which does the assignment with PyTorch's index order."""
+    items = idx if isinstance(idx, tuple) else (idx,)
+    tensors = [i for i in items if isinstance(i, Tensor)]
+    for t in tensors:
+        if t._dtype.kind not in "iub":
+            raise OpError(f"setitem: index tensors must be integer or bool, got dtype {t._dtype}")
+    template = _norm_index(tuple(None if isinstance(i, Tensor) else i for i in items), "setitem")
+    where = [k for k, i in enumerate(items) if isinstance(i, Tensor)]
+
+    def assign(a: np.ndarray, value: Any, *arrays: np.ndarray) -> None:
+        full = list(template)
+        for k, arr in zip(where, arrays):
+            full[k] = arr
+        parts = _split_ints(tuple(full))
+        if parts is None:
+            a[tuple(full)] = value
+        else:
+            a[parts[0]][parts[1]] = value  # a[ints] is a view: the assignment lands in `a`
+
+    return tensors, assign
 
 
 OP_ALIAS = defop("alias", lambda a: a, lambda a: (a._shape, a._dtype))

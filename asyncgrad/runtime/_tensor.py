@@ -11,7 +11,7 @@ import trio
 
 from ..devices import Device, Stream
 from . import _dispatch, _grad_mode
-from ._runtime import current_runtime
+from ._runtime import _task_streams, current_runtime
 
 _INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
 
@@ -131,12 +131,12 @@ class Tensor:
     @property
     def strides(self) -> tuple[int, ...]:
         """Strides in bytes, numpy style (waits for the value)."""
-        return self.numpy().strides
+        return self._value().strides
 
     def stride(self) -> tuple[int, ...]:
         """Strides in elements, PyTorch style (waits for the value)."""
         isz = self._dtype.itemsize
-        return tuple(s // isz for s in self.numpy().strides)
+        return tuple(s // isz for s in self._value().strides)
 
     @property
     def requires_grad(self) -> bool:
@@ -216,16 +216,28 @@ class Tensor:
         return data
 
     def numpy(self) -> np.ndarray:
-        """The tensor's own numpy array (shares memory, keeps strides), after its pending work is done."""
+        """The tensor's own numpy array (shares memory, keeps strides), after its pending work is done.
+
+        Also waits for the kernels the calling task has queued so far: they may still read this memory,
+        and a write through the returned array must not race with them (as in eager PyTorch, where they
+        would have run already). Reading a copy (`item`, `tolist`, `float`) waits for the value only.
+        """
         if self._dev.type != "cpu":
             raise TypeError(f"can't convert a {self._dev} tensor to numpy; use .to('cpu') first")
-        return self._value()
+        data = self._value()
+        ts = _task_streams.get()
+        if ts is not None:
+            s = ts.by_device.get(self._dev)
+            if s is not None and s._completed < s._submitted:
+                s.synchronize_blocking()
+        return data
 
     def item(self) -> Any:
         """The value of a one-element tensor as a Python number."""
         if self.numel() != 1:
-            raise ValueError(
-                f"item(): only one-element tensors can be converted to Python scalars, got shape {self._shape}"
+            raise RuntimeError(
+                f"item(): a Tensor with {self.numel()} elements cannot be converted to a Python scalar "
+                f"(shape {self._shape}); index one element first or use .tolist()"
             )
         return self._value().item()
 
@@ -343,14 +355,81 @@ class Tensor:
     def double(self) -> Tensor:
         return self.to(dtype=np.float64)
 
+    def half(self) -> Tensor:
+        return self.to(dtype=np.float16)
+
+    def long(self) -> Tensor:
+        return self.to(dtype=np.int64)
+
+    def int(self) -> Tensor:
+        return self.to(dtype=np.int32)
+
+    def bool(self) -> Tensor:
+        return self.to(dtype=np.bool_)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        """This tensor converted to ``other``'s dtype."""
+        return self.to(dtype=other._dtype)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the default CPU device (itself when it is there already)."""
+        return self.to("cpu")
+
+    def is_contiguous(self) -> builtins.bool:
+        """Whether the value is C-contiguous (waits for the value)."""
+        return builtins.bool(self._value().flags.c_contiguous)
+
+    @property
+    def data(self) -> Tensor:
+        """A tensor sharing this one's value, outside the graph (as ``detach()``)."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        # PyTorch swaps the storage under the tensor, keeping its autograd identity
+        if not isinstance(value, Tensor):
+            raise TypeError(f"data must be set to a Tensor, got {type(value).__name__}")
+        if value._dev is not self._dev:
+            raise RuntimeError(f"data: the new value is on {value._dev}, this tensor on {self._dev}")
+        arr = value._value()
+        self._data, self._shape, self._dtype, self._stream = arr, arr.shape, arr.dtype, None
+
+    # ---- new tensors like this one (dtype and device default to this tensor's) --------------------
+
+    def _new(self, arr: np.ndarray, requires_grad: builtins.bool) -> Tensor:
+        t = Tensor._wrap(arr, self._dev)
+        if requires_grad:
+            t.requires_grad_()
+        return t
+
+    def new_tensor(self, data: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
+        """A new tensor holding a copy of ``data``, with this tensor's dtype unless ``dtype`` is given."""
+        if isinstance(data, Tensor):
+            data = data._value()
+        return self._new(np.array(data, dtype=dtype or self._dtype, copy=True), requires_grad)
+
+    def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
+        return self._new(np.zeros(_size(size), dtype or self._dtype), requires_grad)
+
+    def new_ones(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
+        return self._new(np.ones(_size(size), dtype or self._dtype), requires_grad)
+
+    def new_empty(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
+        return self._new(np.empty(_size(size), dtype or self._dtype), requires_grad)
+
+    def new_full(
+        self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
+        return self._new(np.full(_size((size,)), fill_value, dtype or self._dtype), requires_grad)
+
     # ---- autograd --------------------------------------------------------------------------------
 
     def backward(
         self,
         gradient: Tensor | None = None,
         *,
-        retain_graph: bool | None = None,
-        create_graph: bool = False,
+        retain_graph: builtins.bool | None = None,
+        create_graph: builtins.bool = False,
         inputs: Sequence[Tensor] | Tensor | None = None,
     ) -> Awaitable[None]:
         """Accumulate the gradient of this tensor into the `.grad` of the leaves: ``await t.backward()``.
@@ -383,20 +462,25 @@ class Tensor:
     # ---- in-place helpers used by optimizers and zero_grad ---------------------------------------
 
     def zero_(self) -> Tensor:
+        self._check_inplace("zero_")
         return _inplace.inplace(self, lambda a: a.fill(0))
 
     def fill_(self, value: builtins.float) -> Tensor:
+        self._check_inplace("fill_")
         return _inplace.inplace(self, lambda a: a.fill(value))
 
     def copy_(self, src: Tensor | np.ndarray) -> Tensor:
+        self._check_inplace("copy_")
         return _inplace.inplace(self, lambda a, s: np.copyto(a, s), src)
 
     def add_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
+        self._check_inplace("add_")
         if alpha == 1.0:
             return _inplace.inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
         return _inplace.inplace(self, lambda a, o: np.add(a, alpha * o, out=a, casting="unsafe"), other)
 
     def mul_(self, other: Any) -> Tensor:
+        self._check_inplace("mul_")
         return _inplace.inplace(self, lambda a, o: np.multiply(a, o, out=a, casting="unsafe"), other)
 
     def sub_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
@@ -415,12 +499,96 @@ class Tensor:
         return self._iop(other, np.true_divide, "div")
 
     def _iop(self, other: Any, ufunc: Any, name: str) -> Tensor:
+        self._check_inplace(name)
+        return _inplace.inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
+
+    def _check_inplace(self, name: str) -> None:
         if self._rg and _grad_mode.is_grad_enabled():
             raise RuntimeError(
                 f"in-place {name} on a tensor that requires grad while grad mode is on would corrupt the "
                 "graph; use `with asyncgrad.no_grad():` or an out-of-place op"
             )
-        return _inplace.inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        """``t[idx] = value`` in place, in stream order (indexing as in ``t[idx]``).
+
+        Like the other in-place ops, only on tensors outside the graph: a tensor that requires grad
+        needs ``with asyncgrad.no_grad():`` (as PyTorch requires for a leaf), or an out-of-place
+        formulation such as `asyncgrad.where`.
+        """
+        self._check_inplace("assignment (t[idx] = value)")
+        from ._ops_shape import setitem_parts
+
+        tensors, assign = setitem_parts(idx)
+        _inplace.inplace(self, assign, value, *tensors)
+
+    # in-place forms of unary ops (out-of-place ones are installed by the op modules)
+
+    def _unary_(self, name: str, ufunc: Any) -> Tensor:
+        self._check_inplace(name)
+        return _inplace.inplace(self, lambda a: ufunc(a, out=a, casting="unsafe"))
+
+    def exp_(self) -> Tensor:
+        return self._unary_("exp_", np.exp)
+
+    def log_(self) -> Tensor:
+        return self._unary_("log_", np.log)
+
+    def sqrt_(self) -> Tensor:
+        return self._unary_("sqrt_", np.sqrt)
+
+    def tanh_(self) -> Tensor:
+        return self._unary_("tanh_", np.tanh)
+
+    def abs_(self) -> Tensor:
+        return self._unary_("abs_", np.abs)
+
+    def neg_(self) -> Tensor:
+        return self._unary_("neg_", np.negative)
+
+    def sigmoid_(self) -> Tensor:
+        self._check_inplace("sigmoid_")
+
+        def f(a: np.ndarray) -> None:
+            np.negative(a, out=a)
+            np.exp(a, out=a)
+            np.add(a, 1, out=a, casting="unsafe")
+            np.reciprocal(a, out=a)
+
+        return _inplace.inplace(self, f)
+
+    def relu_(self) -> Tensor:
+        self._check_inplace("relu_")
+        return _inplace.inplace(self, lambda a: np.maximum(a, 0, out=a, casting="unsafe"))
+
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:
+        self._check_inplace("clamp_")
+        if min is None and max is None:
+            raise ValueError("clamp_: at least one of min and max must be given")
+        return _inplace.inplace(self, lambda a: np.clip(a, min, max, out=a, casting="unsafe"))
+
+    def div_(self, other: Any) -> Tensor:
+        return self._iop(other, np.true_divide, "div_")
+
+    def pow_(self, other: Any) -> Tensor:
+        return self._iop(other, np.power, "pow_")
+
+    def masked_fill(self, mask: Any, value: Any) -> Tensor:
+        """``value`` where ``mask`` is True, else this tensor (differentiable w.r.t. this tensor)."""
+        from ._ops_elementwise import where
+
+        return where(mask, value, self)
+
+    def masked_fill_(self, mask: Any, value: Any) -> Tensor:
+        self._check_inplace("masked_fill_")
+        return _inplace.inplace(self, lambda a, m: np.copyto(a, value, casting="unsafe", where=m), mask)
+
+
+def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
+    """Sizes given as ``f(2, 3)`` or ``f((2, 3))``."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    return tuple(builtins.int(n) for n in size)
 
 
 _dispatch.Tensor = Tensor  # type: ignore[attr-defined]

@@ -1,0 +1,290 @@
+"""Tensor API details users bring from PyTorch: item assignment, PyTorch's index order, dtype and
+``new_*`` helpers, in-place forms of unary ops, ``.data``, and ``numpy()`` as a safe point to write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+from conftest import set_inline_limit
+from gradcheck import gradcheck
+
+import asyncgrad as ag
+
+TIMEOUT = 30
+
+
+# ---- t[idx] = value -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "lanes"])
+async def test_setitem_basic_and_advanced(rt: Any, monkeypatch: pytest.MonkeyPatch, inline: bool) -> None:
+    set_inline_limit(monkeypatch, 10**9 if inline else -1)
+    ref = np.arange(24.0).reshape(2, 3, 4)
+    t = ag.tensor(ref)
+    t[0] = -1.0
+    ref[0] = -1.0
+    t[1, :, 2] = ag.tensor([7.0, 8.0, 9.0])
+    ref[1, :, 2] = [7.0, 8.0, 9.0]
+    t[ag.tensor([1]), 0] = 5.0  # an index tensor
+    ref[[1], 0] = 5.0
+    t[t > 20] = 0.0  # a bool mask tensor, computed from the tensor itself before the write
+    ref[ref > 20] = 0.0
+    t[..., 1::2] *= 2.0  # read-modify-write through __getitem__ / __setitem__
+    ref[..., 1::2] *= 2.0
+    np.testing.assert_array_equal(t.numpy(), ref)
+
+
+async def test_setitem_uses_pytorchs_index_order(rt: Any) -> None:
+    ref = np.zeros((2, 3, 4))
+    t = ag.tensor(ref)
+    t[1, :, [3, 0]] = ag.tensor(np.arange(6.0).reshape(3, 2))  # PyTorch: the target is (3, 2)
+    ref[1][:, [3, 0]] = np.arange(6.0).reshape(3, 2)
+    np.testing.assert_array_equal(t.numpy(), ref)
+
+
+async def test_setitem_is_ordered_after_queued_readers(rt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    set_inline_limit(monkeypatch, -1)  # everything queued on the lanes
+    t = ag.tensor(np.ones(50_000))
+    y = ag.exp(t * 2.0)  # queued, reads t
+    t[:] = 0.0  # queued after it on the same stream
+    z = t + 1.0
+    np.testing.assert_allclose(y.numpy(), np.exp(2.0))
+    np.testing.assert_array_equal(z.numpy(), 1.0)
+
+
+async def test_setitem_on_a_tensor_in_the_graph_is_refused(rt: Any) -> None:
+    w = ag.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"in-place assignment \(t\[idx\] = value\).*no_grad"):
+        w[0] = 3.0
+    h = w * 2.0
+    with pytest.raises(RuntimeError, match="requires grad"):
+        h[0] = 3.0
+    np.testing.assert_array_equal(w.numpy(), [1.0, 2.0])
+    with ag.no_grad():
+        w[0] = 3.0  # what initialisation code does
+    np.testing.assert_array_equal(w.numpy(), [3.0, 2.0])
+    assert w.requires_grad and w.is_leaf
+
+
+async def test_setitem_rejects_float_index_tensors(rt: Any) -> None:
+    t = ag.zeros(3)
+    with pytest.raises(ValueError, match="setitem: index tensors must be integer or bool, got dtype float32"):
+        t[ag.tensor([0.0])] = 1.0
+
+
+# ---- indexing in PyTorch's order ------------------------------------------------------------------
+
+def _pytorch_index(x: np.ndarray, idx: tuple[Any, ...]) -> np.ndarray:
+    """PyTorch's definition, spelled out on numpy: select with the integers, then index the rest."""
+    first: list[Any] = []
+    rest: list[Any] = []
+    for i in idx:
+        if isinstance(i, int):
+            first.append(i)
+        elif i is None:
+            rest.append(i)
+        elif i is Ellipsis:
+            first.append(i)
+            rest.append(i)
+        else:
+            if isinstance(i, list):
+                i = np.asarray(i)
+            first.extend([slice(None)] * (i.ndim if isinstance(i, np.ndarray) and i.dtype == bool else 1))
+            rest.append(i)
+    return x[tuple(first)][tuple(rest)]
+
+
+INDEX_CASES = [
+    ((1, slice(None), [3, 0]), (3, 2, 5)),
+    ((slice(None), 1, slice(None), [0, 1]), (2, 4, 2)),
+    (([0, 1], slice(None), 2), (2, 3, 5)),
+    ((1, [0, 2]), (2, 4, 5)),
+    ((Ellipsis, 1, [0, 1]), (2, 3, 2)),
+    ((None, 0, slice(None), [1]), (1, 3, 1, 5)),
+    ((0, slice(None), slice(None), np.array([True, False, True, False, True])), (3, 4, 3)),
+    ((1, np.ones((3, 4), bool), 2), (12,)),
+]
+
+
+@pytest.mark.parametrize(("idx", "shape"), INDEX_CASES, ids=[str(i) for i in range(len(INDEX_CASES))])
+async def test_getitem_mixing_ints_and_arrays_follows_pytorch(rt: Any, idx: Any, shape: Any) -> None:
+    x = np.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5)
+    got = ag.tensor(x)[idx]
+    want = _pytorch_index(x, idx)
+    assert got.shape == want.shape == shape
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+async def test_getitem_index_order_matches_torch(rt: Any) -> None:
+    torch = pytest.importorskip("torch")
+    x = np.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5)
+    for idx in [(1, slice(None), [3, 0]), (slice(None), 1, slice(None), [0, 1]), (0, [1, 2], slice(None), 4),
+                ([0, 1], 2, slice(None), [1, 3]), (Ellipsis, 2, [0])]:
+        want = torch.from_numpy(x)[tuple(torch.tensor(i) if isinstance(i, list) else i for i in idx)].numpy()
+        got = ag.tensor(x)[idx].numpy()
+        assert got.shape == want.shape, idx
+        np.testing.assert_array_equal(got, want)
+
+
+async def test_gradient_through_mixed_index(rt: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(TIMEOUT):
+        await gradcheck(lambda a: a[1, :, [3, 0, 3]] * 2.0, [rng.standard_normal((2, 3, 4))])
+
+
+# ---- reductions, item, names --------------------------------------------------------------------
+
+
+async def test_empty_dim_list_reduces_every_dim(rt: Any) -> None:
+    x = ag.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    s = x.sum(dim=())
+    assert s.shape == () and s.item() == 15.0
+    assert x.mean(dim=[]).item() == 2.5
+    await s.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.ones((2, 3)))
+
+
+async def test_item_of_many_elements_is_a_runtime_error(rt: Any) -> None:
+    with pytest.raises(RuntimeError, match=r"a Tensor with 2 elements cannot be converted to a Python scalar"):
+        ag.ones(2).item()
+
+
+async def test_builtin_node_names_follow_pytorch(rt: Any) -> None:
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = (ag.exp(x) * 2.0).sum()
+    assert y.grad_fn.name() == "SumBackward0"
+    assert y.grad_fn.next_functions[0][0].name() == "MulBackward0"
+    assert "grad_fn=<SumBackward0>" in repr(y)
+
+
+# ---- conversions and new_* -----------------------------------------------------------------------
+
+
+async def test_dtype_conversions_and_type_as(rt: Any) -> None:
+    x = ag.tensor([1.7, -2.2, 0.0])
+    assert x.long().dtype == np.int64 and x.long().tolist() == [1, -2, 0]
+    assert x.int().dtype == np.int32
+    assert x.bool().tolist() == [True, True, False]
+    assert x.half().dtype == np.float16
+    assert x.type_as(ag.zeros(1, dtype="float64")).dtype == np.float64
+    assert x.cpu() is x
+
+
+async def test_is_contiguous(rt: Any) -> None:
+    x = ag.tensor(np.zeros((3, 4)))
+    assert x.is_contiguous()
+    assert not x.T.is_contiguous()
+    assert x.T.contiguous().is_contiguous()
+
+
+async def test_new_factories_take_dtype_and_device_from_the_tensor(rt: Any) -> None:
+    x = ag.tensor([1.0, 2.0], dtype="float64")
+    z = x.new_zeros(2, 3)
+    assert z.shape == (2, 3) and z.dtype == np.float64 and z.device == x.device and z.numpy().sum() == 0
+    assert x.new_ones((4,)).tolist() == [1.0] * 4
+    f = x.new_full((2,), 7, dtype="int32")
+    assert f.dtype == np.int32 and f.tolist() == [7, 7]
+    assert x.new_empty(5).shape == (5,)
+    n = x.new_tensor([[1, 2]])
+    assert n.dtype == np.float64 and n.tolist() == [[1.0, 2.0]]
+    r = x.new_zeros(3, requires_grad=True)
+    assert r.requires_grad and r.is_leaf
+
+
+async def test_data_reads_and_swaps_the_value(rt: Any) -> None:
+    w = ag.tensor([1.0, 2.0], requires_grad=True)
+    d = w.data
+    assert not d.requires_grad and d.is_leaf
+    d[0] = 9.0  # shares memory, like PyTorch's .data
+    np.testing.assert_array_equal(w.numpy(), [9.0, 2.0])
+    w.data = ag.tensor([5.0, 6.0, 7.0])
+    assert w.shape == (3,) and w.requires_grad and w.is_leaf
+    await (w * w).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [10.0, 12.0, 14.0])
+
+
+# ---- in-place forms of unary ops -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "lanes"])
+async def test_inplace_unary_ops(rt: Any, monkeypatch: pytest.MonkeyPatch, inline: bool) -> None:
+    set_inline_limit(monkeypatch, 10**9 if inline else -1)
+    base = np.array([-1.5, 0.25, 2.0])
+    cases: list[tuple[str, Any, Any]] = [
+        ("exp_", (), np.exp(base)),
+        ("log_", (), None),
+        ("sqrt_", (), None),
+        ("tanh_", (), np.tanh(base)),
+        ("abs_", (), np.abs(base)),
+        ("neg_", (), -base),
+        ("sigmoid_", (), 1 / (1 + np.exp(-base))),
+        ("relu_", (), np.maximum(base, 0)),
+        ("clamp_", (-1.0, 1.0), np.clip(base, -1.0, 1.0)),
+        ("div_", (2.0,), base / 2.0),
+        ("pow_", (2.0,), base**2.0),
+    ]
+    for name, args, want in cases:
+        src = np.abs(base) if want is None else base
+        want = getattr(np, name[:-1])(src) if want is None else want
+        t = ag.tensor(src)
+        assert getattr(t, name)(*args) is t
+        np.testing.assert_allclose(t.numpy(), want, rtol=1e-12, err_msg=name)
+
+
+async def test_masked_fill(rt: Any) -> None:
+    x = ag.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    y = x.masked_fill(x < 0, 0.5)
+    np.testing.assert_array_equal(y.numpy(), [1.0, 0.5, 3.0])
+    await y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [1.0, 0.0, 1.0])
+    t = ag.tensor([1.0, -2.0, 3.0])
+    t.masked_fill_(t > 2, -1.0)
+    np.testing.assert_array_equal(t.numpy(), [1.0, -2.0, -1.0])
+
+
+async def test_inplace_ops_refuse_a_tensor_in_the_graph(rt: Any) -> None:
+    w = ag.tensor([1.0, 2.0], requires_grad=True)
+    for call in (lambda: w.exp_(), lambda: w.add_(1.0), lambda: w.mul_(2.0), lambda: w.zero_(),
+                 lambda: w.fill_(1.0), lambda: w.copy_(ag.zeros(2)), lambda: w.clamp_(0.0)):
+        with pytest.raises(RuntimeError, match=r"in-place .* requires grad while grad mode is on"):
+            call()
+    np.testing.assert_array_equal(w.numpy(), [1.0, 2.0])
+    with ag.no_grad():
+        w.add_(1.0).mul_(2.0)
+    np.testing.assert_array_equal(w.numpy(), [4.0, 6.0])
+
+
+# ---- numpy() is a safe point to write through ------------------------------------------------------
+
+
+async def test_writes_through_numpy_do_not_race_with_queued_kernels(rt: Any) -> None:
+    # big enough to run on the lanes: the kernels reading t are still queued when numpy() returns
+    t = ag.tensor(np.ones(2_000_000))
+    y = ag.exp(ag.tanh(t * 2.0)) * 3.0
+    t.numpy()[:] = 0.0
+    np.testing.assert_allclose(y.numpy()[:3], 3.0 * np.exp(np.tanh(2.0)))
+    z = t + 1.0  # queued after the write: sees it, as in eager code
+    np.testing.assert_array_equal(z.numpy()[:3], 1.0)
+
+
+# ---- norm ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", ["fro", 2, 1, 3, float("inf"), float("-inf")])
+async def test_norm_values_and_gradients(rt: Any, rng: np.random.Generator, p: Any) -> None:
+    x = rng.standard_normal((3, 4))
+    order = 2 if p == "fro" else p
+    got = ag.tensor(x).norm(p)
+    np.testing.assert_allclose(got.item(), np.linalg.norm(x.ravel(), order), rtol=1e-12)
+    np.testing.assert_allclose(ag.norm(ag.tensor(x), p, dim=1, keepdim=True).numpy(),
+                               np.linalg.norm(x, order, axis=1, keepdims=True), rtol=1e-12)
+    with trio.fail_after(TIMEOUT):
+        await gradcheck(lambda a: a.norm(p, dim=0), [x])
+
+
+async def test_norm_gradient_at_zero_is_zero(rt: Any) -> None:
+    z = ag.zeros(3, dtype="float64", requires_grad=True)
+    await z.norm().backward()
+    np.testing.assert_array_equal(z.grad.numpy(), [0.0, 0.0, 0.0])
