@@ -114,6 +114,9 @@ case("pow", "float-exponent", lambda x: x**2.5, pos(3, 4))
 case("pow", "negative-exponent", lambda x: x**-1.5, pos(4))
 case("pow", "scalar-base", lambda x: 2.0**x, rn(3, 4))
 case("pow", "scalar-base-small", lambda x: 0.5**x, rn(2, 3))
+case("remainder", "tensor-tensor", lambda a, b: a % b, rn(3, 4), away(4))
+case("remainder", "scalar-divisor", lambda a: a % 0.7, grid(3, 4, off=0.03))
+case("remainder", "scalar-dividend", lambda b: 2.5 % b, away(5))
 
 # ---- elementwise unary ------------------------------------------------------------------------------
 

@@ -288,3 +288,37 @@ async def test_norm_gradient_at_zero_is_zero(rt: Any) -> None:
     z = ag.zeros(3, dtype="float64", requires_grad=True)
     await z.norm().backward()
     np.testing.assert_array_equal(z.grad.numpy(), [0.0, 0.0, 0.0])
+
+
+# ---- // and %, and pow at 0 ------------------------------------------------------------------------
+
+
+async def test_floor_divide_and_remainder_follow_python(rt: Any) -> None:
+    a = ag.tensor([5.0, -5.0, 5.5, -5.5])
+    np.testing.assert_array_equal((a // 3).numpy(), [1.0, -2.0, 1.0, -2.0])
+    np.testing.assert_array_equal((a % 3).numpy(), [2.0, 1.0, 2.5, 0.5])
+    np.testing.assert_array_equal((7 % ag.tensor([3.0, -3.0])).numpy(), [1.0, -2.0])
+    np.testing.assert_array_equal((7 // ag.tensor([2, -2])).numpy(), [3, -4])
+    i = ag.tensor([5, -5])
+    assert (i // 2).dtype == np.int64 and (i // 2).tolist() == [2, -3] and (i % 3).tolist() == [2, 1]
+    np.testing.assert_array_equal(ag.remainder(a, -2.0).numpy(), np.remainder([5.0, -5.0, 5.5, -5.5], -2.0))
+    np.testing.assert_array_equal(a.floor_divide(2.0).numpy(), [2.0, -3.0, 2.0, -3.0])
+
+
+async def test_floor_divide_passes_no_gradient(rt: Any) -> None:
+    x = ag.tensor([1.5, 2.5], requires_grad=True)
+    assert not (x // 2.0).requires_grad
+    await ((x // 2.0) * x).sum().backward()  # only the product's own path
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0, 1.0])
+
+
+async def test_pow_gradient_at_zero_base_and_zero_exponent(rt: Any) -> None:
+    with np.errstate(all="raise"):  # no warnings either
+        x = ag.tensor([0.0, 2.0], requires_grad=True)
+        await (x**0).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0])
+        a = ag.tensor([0.0, 0.0, 3.0], dtype="float64", requires_grad=True)
+        b = ag.tensor([0.0, 2.0, 0.0], dtype="float64", requires_grad=True)
+        await (a**b).sum().backward()
+        np.testing.assert_array_equal(a.grad.numpy(), [0.0, 0.0, 0.0])
+        np.testing.assert_array_equal(b.grad.numpy(), [0.0, 0.0, np.log(3.0)])

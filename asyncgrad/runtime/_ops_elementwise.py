@@ -98,16 +98,29 @@ def _div_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
 
 def _pow_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     a, b = args
-    ga = g * b * a ** (b - 1) if needs[0] else None
-    gb = None
-    if needs[1]:
-        if not hasattr(a, "shape"):  # a Python number base
-            gb = g * (a**b) * float(np.log(a)) if a > 0 else g * 0
-        else:
-            # d/db a**b = a**b log a; where a == 0 the limit is 0 (PyTorch's convention)
-            safe = xp.where(a > 0, a, 1)
-            gb = g * xp.where(a > 0, a**b * xp.log(safe), 0)
+    ga = gb = None
+    # 0 ** -1 and log(0) are expected on the way to the masked values: no warnings for them
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if needs[0]:
+            if not hasattr(b, "shape"):  # a Python number exponent
+                ga = g * 0 if b == 0 else g * b * a ** (b - 1)
+            else:
+                # b * a**(b-1) is 0 * inf where a == 0 and b == 0: PyTorch takes 0 wherever b == 0
+                ga = g * xp.where(b == 0, 0, b * a ** (b - 1))
+        if needs[1]:
+            if not hasattr(a, "shape"):  # a Python number base
+                gb = g * (a**b) * float(np.log(a)) if a > 0 else g * 0
+            else:
+                # d/db a**b = a**b log a; where a == 0 the limit is 0 (PyTorch's convention)
+                safe = xp.where(a > 0, a, 1)
+                gb = g * xp.where(a > 0, a**b * xp.log(safe), 0)
     return (ga, gb)
+
+
+def _remainder_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    # a % b = a - b * floor(a / b): d/da = 1, d/db = -floor(a / b) = (a % b - a) / b
+    a, b = args
+    return (g if needs[0] else None, g * ((a % b - a) / b) if needs[1] else None)
 
 
 def _true_divide(a: Any, b: Any) -> Any:
@@ -119,6 +132,9 @@ OP_SUB = defop("sub", np.subtract, _binary_meta("sub", np.subtract), _sub_rule)
 OP_MUL = defop("mul", np.multiply, _binary_meta("mul", np.multiply), _mul_rule)
 OP_DIV = defop("div", np.true_divide, _binary_meta("div", np.true_divide), _div_rule)
 OP_POW = defop("pow", np.power, _binary_meta("pow", np.power), _pow_rule)
+OP_REMAINDER = defop("remainder", np.remainder, _binary_meta("remainder", np.remainder), _remainder_rule)
+# piecewise constant: no gradient flows (PyTorch has no derivative for it either)
+OP_FLOOR_DIVIDE = defop("floor_divide", np.floor_divide, _binary_meta("floor_divide", np.floor_divide))
 
 
 def _maxmin_rule(greater: bool) -> Any:
@@ -169,6 +185,16 @@ def div(a: Any, b: Any) -> Tensor:
 def pow(a: Any, b: Any) -> Tensor:
     """Elementwise ``a ** b``."""
     return apply2(OP_POW, a, b)
+
+
+def remainder(a: Any, b: Any) -> Tensor:
+    """Elementwise ``a % b`` with the sign of ``b`` (Python's and PyTorch's modulo)."""
+    return apply2(OP_REMAINDER, a, b)
+
+
+def floor_divide(a: Any, b: Any) -> Tensor:
+    """Elementwise ``a // b``, rounded toward minus infinity (not differentiable)."""
+    return apply2(OP_FLOOR_DIVIDE, a, b)
 
 
 def maximum(a: Any, b: Any) -> Tensor:
@@ -440,6 +466,12 @@ def _install() -> None:
     T.__rtruediv__ = lambda s, o: apply2(OP_DIV, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
     T.__pow__ = lambda s, o: apply2(OP_POW, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
     T.__rpow__ = lambda s, o: apply2(OP_POW, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
+    T.__mod__ = lambda s, o: apply2(OP_REMAINDER, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
+    T.__rmod__ = lambda s, o: apply2(OP_REMAINDER, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
+    T.__floordiv__ = lambda s, o: apply2(OP_FLOOR_DIVIDE, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
+    T.__rfloordiv__ = lambda s, o: apply2(OP_FLOOR_DIVIDE, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
+    T.remainder = remainder  # type: ignore[attr-defined,method-assign]
+    T.floor_divide = floor_divide  # type: ignore[attr-defined,method-assign]
     T.__neg__ = lambda s: apply1(OP_NEG, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
     T.__pos__ = lambda s: s  # type: ignore[method-assign,attr-defined,operator,assignment]
     T.__abs__ = abs  # type: ignore[method-assign,attr-defined,operator,assignment]
