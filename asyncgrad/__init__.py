@@ -14,12 +14,24 @@ Example::
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from . import nn, optim
 from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
 
 if TYPE_CHECKING:
     from . import hosting
+
+# dtype names as in PyTorch (``dtype=ag.float32``); any numpy dtype works too. Not in __all__, so that
+# ``from asyncgrad import *`` does not shadow the builtins ``bool`` and ``float``
+float16 = half = np.dtype("float16")
+float32 = float = np.dtype("float32")
+float64 = double = np.dtype("float64")
+int8, int16, int32, int64 = (np.dtype(f"int{n}") for n in (8, 16, 32, 64))
+uint8 = np.dtype("uint8")
+long = int64
+bool = np.dtype("bool")
 
 __version__ = "0.1.0"
 __all__ = [*_runtime_all, "hosting", "nn", "optim"]

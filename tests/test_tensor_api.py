@@ -322,3 +322,48 @@ async def test_pow_gradient_at_zero_base_and_zero_exponent(rt: Any) -> None:
         await (a**b).sum().backward()
         np.testing.assert_array_equal(a.grad.numpy(), [0.0, 0.0, 0.0])
         np.testing.assert_array_equal(b.grad.numpy(), [0.0, 0.0, np.log(3.0)])
+
+
+# ---- factories, dtype names, small helpers ---------------------------------------------------------
+
+
+async def test_more_factories(rt: Any) -> None:
+    x = ag.tensor([[1.0, 2.0]], dtype=ag.float64)
+    assert x.dtype == ag.float64 == np.float64
+    for f in (ag.empty_like, ag.randn_like, ag.rand_like):
+        y = f(x)
+        assert y.shape == x.shape and y.dtype == np.float64 and y.device == x.device
+    assert ag.full_like(x, 3).tolist() == [[3.0, 3.0]]
+    assert 0 <= ag.rand_like(x).numpy().min() and ag.rand_like(x).numpy().max() < 1
+    r = ag.randint(3, 7, (100,))
+    assert r.dtype == np.int64 and r.shape == (100,) and 3 <= r.numpy().min() and r.numpy().max() < 7
+    assert ag.randint(5, (2, 2)).shape == (2, 2)
+    n = ag.normal(2.0, 0.5, (4000,), generator=np.random.default_rng(0))
+    assert n.dtype == np.float32 and abs(n.numpy().mean() - 2.0) < 0.05 and abs(n.numpy().std() - 0.5) < 0.05
+    np.testing.assert_allclose(ag.linspace(0, 1, 5).numpy(), [0, 0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_array_equal(ag.eye(2, 3).numpy(), np.eye(2, 3))
+    assert ag.eye(3, requires_grad=True).requires_grad
+    assert ag.is_tensor(x) and not ag.is_tensor(np.zeros(1)) and ag.numel(x) == 2
+    with ag.inference_mode():
+        assert not ag.is_grad_enabled()
+
+
+async def test_small_tensor_helpers(rt: Any) -> None:
+    x = ag.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    assert x.ndimension() == 2 and x.nelement() == 6 and x.element_size() == 8 and x.is_floating_point()
+    assert not ag.tensor([1, 2]).is_floating_point()
+    assert x.type() == "float64" and x.type(ag.float32).dtype == np.float32
+    assert x.t().shape == (3, 2) and ag.tensor([1.0]).t().shape == (1,)
+    with pytest.raises(RuntimeError, match="t\\(\\) expects a tensor with <= 2 dims"):
+        ag.zeros(1, 2, 3).t()
+    assert ag.zeros(3).expand_as(ag.zeros(2, 3)).shape == (2, 3)
+    assert x.view_as(ag.zeros(3, 2)).shape == (3, 2)
+    y = x.where(x > 2, ag.zeros(2, 3, dtype="float64"))
+    np.testing.assert_array_equal(y.numpy(), [[0, 0, 0], [3, 4, 5]])
+    await y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[0, 0, 0], [1, 1, 1]])
+    w = ag.zeros(500)
+    w.uniform_(-2.0, -1.0, generator=np.random.default_rng(1))
+    assert -2.0 <= w.numpy().min() and w.numpy().max() < -1.0
+    w.normal_(5.0, 0.1)
+    assert abs(w.numpy().mean() - 5.0) < 0.05

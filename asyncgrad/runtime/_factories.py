@@ -153,3 +153,72 @@ def ones_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> T
     arr = np.ones(t.shape, dtype=t.dtype if dtype is None else np.dtype(dtype))
     out = Tensor._wrap(arr, t.device)
     return out.requires_grad_(True) if requires_grad else out
+
+
+def empty_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor with ``t``'s shape, dtype and device."""
+    out = Tensor._wrap(np.empty(t.shape, dtype=t.dtype if dtype is None else np.dtype(dtype)), t.device)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def full_like(t: Tensor, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """``fill_value`` everywhere, with ``t``'s shape, dtype and device."""
+    out = Tensor._wrap(np.full(t.shape, fill_value, dtype=t.dtype if dtype is None else np.dtype(dtype)), t.device)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def randn_like(
+    t: Tensor, *, dtype: Any = None, requires_grad: bool = False, generator: np.random.Generator | None = None
+) -> Tensor:
+    """Standard normal samples with ``t``'s shape, dtype and device."""
+    g = generator or default_generator()
+    arr = g.standard_normal(t.shape, dtype=np.float64).astype(t.dtype if dtype is None else np.dtype(dtype))
+    out = Tensor._wrap(arr, t.device)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def rand_like(
+    t: Tensor, *, dtype: Any = None, requires_grad: bool = False, generator: np.random.Generator | None = None
+) -> Tensor:
+    """Uniform samples in [0, 1) with ``t``'s shape, dtype and device."""
+    g = generator or default_generator()
+    out = Tensor._wrap(g.random(t.shape).astype(t.dtype if dtype is None else np.dtype(dtype)), t.device)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def randint(
+    low: int, high: int | None = None, size: Any = (), *, dtype: Any = None, device: Any = "cpu",
+    requires_grad: bool = False, generator: np.random.Generator | None = None,
+) -> Tensor:
+    """Integers drawn uniformly from [low, high) (``randint(high, size)`` draws from [0, high)), int64."""
+    if isinstance(high, (tuple, list)):  # randint(high, size)
+        low, high, size = 0, low, high
+    elif high is None:
+        low, high = 0, low
+    g = generator or default_generator()
+    arr = g.integers(low, high, _shape((size,))).astype(np.int64 if dtype is None else np.dtype(dtype))
+    return _finish(arr, device, requires_grad, "asyncgrad.randint")
+
+
+def normal(
+    mean: float, std: float, size: Any, *, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False,
+    generator: np.random.Generator | None = None,
+) -> Tensor:
+    """Normal samples with the given mean and standard deviation."""
+    g = generator or default_generator()
+    arr = g.normal(mean, std, _shape((size,))).astype(_dt(dtype))
+    return _finish(arr, device, requires_grad, "asyncgrad.normal")
+
+
+def linspace(
+    start: float, end: float, steps: int, *, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False
+) -> Tensor:
+    """``steps`` values evenly spaced from ``start`` to ``end`` inclusive."""
+    return _finish(np.linspace(start, end, steps).astype(_dt(dtype)), device, requires_grad, "asyncgrad.linspace")
+
+
+def eye(
+    n: int, m: int | None = None, *, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False
+) -> Tensor:
+    """The ``n`` x ``m`` identity matrix (``m`` defaults to ``n``)."""
+    return _finish(np.eye(n, m, dtype=_dt(dtype)), device, requires_grad, "asyncgrad.eye")

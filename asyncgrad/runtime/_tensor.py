@@ -122,6 +122,18 @@ class Tensor:
     def dim(self) -> int:
         return len(self._shape)
 
+    ndimension = dim
+
+    def nelement(self) -> int:
+        return self.numel()
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return self._dtype.itemsize  # type: ignore[no-any-return]
+
+    def is_floating_point(self) -> builtins.bool:
+        return self._dtype.kind == "f"  # type: ignore[no-any-return]
+
     def numel(self) -> int:
         n = 1
         for s in self._shape:
@@ -370,6 +382,44 @@ class Tensor:
     def type_as(self, other: Tensor) -> Tensor:
         """This tensor converted to ``other``'s dtype."""
         return self.to(dtype=other._dtype)
+
+    def type(self, dtype: Any = None) -> Any:
+        """With ``dtype``: this tensor converted to it; without: the dtype's name (numpy's spelling)."""
+        if dtype is None:
+            return str(self._dtype)
+        return self.to(dtype=dtype)
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return self.expand(*other._shape)  # type: ignore[attr-defined,no-any-return]
+
+    def view_as(self, other: Tensor) -> Tensor:
+        return self.reshape(other._shape)  # type: ignore[attr-defined,no-any-return]
+
+    def t(self) -> Tensor:
+        """Transpose of a tensor of at most 2 dims (PyTorch's ``t()``)."""
+        if self.ndim > 2:
+            raise RuntimeError(f"t() expects a tensor with <= 2 dims, got shape {self._shape}; use transpose()")
+        return self if self.ndim < 2 else self.transpose(0, 1)  # type: ignore[attr-defined,no-any-return]
+
+    def where(self, condition: Any, other: Any) -> Tensor:
+        """This tensor where ``condition``, else ``other``."""
+        from ._ops_elementwise import where
+
+        return where(condition, self, other)
+
+    def uniform_(self, a: builtins.float = 0.0, b: builtins.float = 1.0, *, generator: Any = None) -> Tensor:
+        """Fill with uniform samples from [a, b), drawn now from ``generator`` (default: the thread's)."""
+        from ._factories import default_generator
+
+        vals = (generator or default_generator()).uniform(a, b, self._shape).astype(self._dtype)
+        return self.copy_(vals)
+
+    def normal_(self, mean: builtins.float = 0.0, std: builtins.float = 1.0, *, generator: Any = None) -> Tensor:
+        """Fill with normal samples, drawn now from ``generator`` (default: the thread's)."""
+        from ._factories import default_generator
+
+        vals = (generator or default_generator()).normal(mean, std, self._shape).astype(self._dtype)
+        return self.copy_(vals)
 
     def cpu(self) -> Tensor:
         """This tensor on the default CPU device (itself when it is there already)."""
