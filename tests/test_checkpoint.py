@@ -185,9 +185,10 @@ async def test_a_failed_pass_through_a_checkpoint_leaves_parameter_grads_unchang
     before = _snapshot([x, *m.params()])
     side = FailLater.apply(x)  # node created before the checkpoint's
     loss = m.loss_ckpt(x) + side.sum() * 0.0
-    expect = "FailLaterBackward: ValueError: late failure"
-    with trio.fail_after(20), pytest.raises(ag.BackwardError, match=expect):
+    with trio.fail_after(20), pytest.raises(ValueError) as info:
         await loss.backward()
+    assert str(info.value) == "late failure"
+    assert info.value.__notes__ == ["raised in the backward of FailLaterBackward"]
     # the checkpoint's backward did run (recompute + nested pass staged the parameter grads) before the
     # failure, yet nothing reached .grad
     assert m.calls["block"] == 2

@@ -25,7 +25,7 @@ import trio
 
 from ..actors import Actor, ActorClosedError
 from ..devices import private_base
-from ._apply import BackwardError
+from ._apply import note_failure
 from ._engine import call_hook, check_hook_grad
 from ._hooks import HookTable
 from ._layout import accumulate
@@ -144,10 +144,12 @@ class LeafOwner(Actor):
                 try:
                     fn(leaf)
                 except Exception as e:
-                    raise BackwardError(
-                        f"exception in a post-accumulate-grad hook on a leaf of shape {leaf._shape}: "
-                        f"{type(e).__name__}: {e} (the pass's gradients were already committed)"
-                    ) from e
+                    note_failure(
+                        e,
+                        f"raised in a post-accumulate-grad hook on a leaf tensor of shape {leaf._shape} "
+                        "(the pass's gradients were already committed)",
+                    )
+                    raise
 
     def owner_statistics(self) -> OwnerStatistics:
         return OwnerStatistics(
@@ -210,14 +212,9 @@ async def prepare_and_commit(
         return
     for owner, entries in by_owner.items():
         try:
-            try:
-                owner.call_nowait(Prepare(entries))
-            except trio.WouldBlock:
-                await _call(owner, Prepare(entries))
-        except BackwardError:
-            raise
-        except Exception as e:
-            raise BackwardError(f"exception in a leaf hook: {type(e).__name__}: {e}") from e
+            owner.call_nowait(Prepare(entries))
+        except trio.WouldBlock:
+            await _call(owner, Prepare(entries))
     if not commit:
         return
     staged.clear()
