@@ -511,6 +511,86 @@ async def test_exception_in_a_hook_is_reraised_with_a_note(rt: Any, where: str, 
     assert x.grad is None
 
 
+# ---- a failing post-accumulate-grad hook puts every .grad back ---------------------------------------------
+
+
+def _exact(p: ag.Tensor) -> Any:
+    """``.grad`` as an object, its bytes and its strides (None when there is none)."""
+    g = p.grad
+    return None if g is None else (g, g.numpy().tobytes(), g.numpy().strides)
+
+
+async def test_failing_post_accumulate_hook_puts_back_grads_that_were_none(rt: Any) -> None:
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = ag.tensor([3.0, 4.0], requires_grad=True)
+    x.register_post_accumulate_grad_hook(lambda p: 1 / 0)
+    note = (
+        "raised in a post-accumulate-grad hook on a leaf tensor of shape (2,); every .grad this backward pass "
+        "had written was put back as it was"
+    )
+    await araises_user(ZeroDivisionError, "division by zero", note, lambda: (x * y).sum().backward())
+    assert x.grad is None and y.grad is None
+
+
+@pytest.mark.parametrize("size", [(3, 4), (80, 90)], ids=["inline", "queued"])
+async def test_failing_post_accumulate_hook_puts_back_preset_grads_exactly(
+    rt: Any, rng: np.random.Generator, size: tuple[int, int]
+) -> None:
+    # a Fortran-order parameter with a Fortran-order .grad, a C-order one with a C-order .grad (accumulated
+    # in place: the same objects, values and strides come back), and one with no .grad yet
+    a = ag.from_numpy(np.asfortranarray(rng.standard_normal(size))).requires_grad_()
+    b = ag.tensor(rng.standard_normal(size), requires_grad=True)
+    c = ag.tensor(rng.standard_normal(size), requires_grad=True)
+    a.grad = ag.from_numpy(np.asfortranarray(rng.standard_normal(size)))
+    b.grad = ag.tensor(rng.standard_normal(size))
+    assert a.grad.numpy().flags.f_contiguous and not a.grad.numpy().flags.c_contiguous
+    before = [_exact(p) for p in (a, b, c)]
+    ga, gb = a.grad, b.grad
+    seen = []
+
+    def zero_it(p: ag.Tensor) -> None:  # runs first: changes .grad in place, then replaces it
+        seen.append(p.grad.numpy().copy())
+        p.grad.zero_()
+        p.grad = ag.ones(size, dtype="float64")
+
+    def fail(p: ag.Tensor) -> None:
+        raise ValueError("post says no")
+
+    b.register_post_accumulate_grad_hook(zero_it)
+    b.register_post_accumulate_grad_hook(fail)
+    loss = (a * b).sum() + (b * c).sum() + (c * 2.0).sum()
+    with pytest.raises(ValueError, match="post says no") as info:
+        with trio.fail_after(TIMEOUT):
+            await loss.backward()
+    assert str(info.value) == "post says no"
+    assert len(info.value.__notes__) == 1 and "post-accumulate-grad hook" in info.value.__notes__[0]
+    # the hook saw the accumulated gradient (the pass did commit before it ran)
+    np.testing.assert_array_equal(seen[0], np.frombuffer(before[1][1]).reshape(size) + (a.numpy() + c.numpy()))
+    assert a.grad is ga and b.grad is gb and c.grad is None
+    for (g0, bytes0, strides0), p in zip(before[:2], (a, b)):
+        assert p.grad is g0
+        assert p.grad.numpy().tobytes() == bytes0
+        assert p.grad.numpy().strides == strides0
+    assert np.array_equal(a.grad.numpy(), np.frombuffer(before[0][1]).reshape(size))
+    # the same leaves accumulate normally afterwards (into the very same objects)
+    with trio.fail_after(TIMEOUT):
+        await (a * 3.0).sum().backward()
+    assert a.grad is ga
+    np.testing.assert_array_equal(a.grad.numpy(), np.frombuffer(before[0][1]).reshape(size) + 3.0)
+
+
+async def test_failing_post_accumulate_hook_under_create_graph_puts_back_the_old_grad(rt: Any) -> None:
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    g0 = ag.tensor([7.0, 8.0])
+    x.grad = g0
+    x.register_post_accumulate_grad_hook(lambda p: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        with trio.fail_after(TIMEOUT):
+            await (x * x).sum().backward(create_graph=True)  # out-of-place accumulation
+    assert x.grad is g0
+    np.testing.assert_array_equal(g0.numpy(), [7.0, 8.0])
+
+
 @pytest.mark.parametrize("kind", ["post-count", "post-type", "pre-count", "pre-shape"])
 async def test_bad_node_hook_result_is_a_backward_error(rt: Any, kind: str) -> None:
     x = t(2, rg=True)
