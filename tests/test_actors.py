@@ -296,3 +296,28 @@ async def test_statistics() -> None:
         stats = actor.statistics()
         assert (stats.messages_received, stats.messages_handled, stats.calls) == (5, 5, 2)
         assert stats.pending == 0 and stats.max_pending_seen == 3 and stats.closed
+
+
+async def test_idle_says_whether_call_nowait_would_handle_a_message_now() -> None:
+    rec = Recorder()
+    assert not rec.idle  # not started
+    with pytest.raises(trio.WouldBlock):
+        rec.call_nowait(1)
+    async with trio.open_nursery() as n:
+        await n.start(rec.run)
+        assert rec.idle
+        assert rec.call_nowait(3) == 6  # handled right here
+        rec.send_nowait(4)  # queued: the actor's task has not taken it yet
+        assert not rec.idle
+        with pytest.raises(trio.WouldBlock):
+            rec.call_nowait(5)
+        with trio.fail_after(TIMEOUT):
+            assert await rec.call(6) == 12  # served after the queued one
+        assert rec.idle and rec.seen == [3, 4, 6]
+        rec.close()
+    assert not rec.idle
+    gated = Gated()
+    async with trio.open_nursery() as n:
+        await n.start(gated.run)
+        assert not gated.idle  # an async handler is never called inline
+        gated.close()

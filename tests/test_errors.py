@@ -1,6 +1,7 @@
 """Errors users see, with their exact messages: shape mismatches (naming the op and the shapes), backward
-twice, backward on a non-scalar without `gradient`, device mismatch, tensor ops outside a runtime; and a
-failed backward leaves every `.grad` bit-identical to before."""
+twice, backward on a non-scalar without `gradient`, device mismatch, tensor ops outside a runtime; an
+exception raised in a backward function or hook reaches the caller as itself, with a note naming where it
+was raised; and a failed backward leaves every `.grad` bit-identical to before."""
 
 from __future__ import annotations
 
@@ -45,6 +46,18 @@ async def araises_exactly(exc: type[BaseException], msg: str, fn: Callable[[], A
             await fn()
     assert str(info.value) == msg
     return info.value
+
+
+async def araises_user(exc: type[BaseException], msg: str, note: str, fn: Callable[[], Any]) -> BaseException:
+    """``fn()`` raises the user's own exception: exactly ``exc`` (not wrapped), ``msg``, and ``note`` as a note."""
+    with pytest.raises(exc) as info:
+        with trio.fail_after(TIMEOUT):
+            await fn()
+    e = info.value
+    assert type(e) is exc
+    assert str(e) == msg
+    assert getattr(e, "__notes__", None) == [note]
+    return e
 
 
 def t(*shape: int, rg: bool = False) -> ag.Tensor:
@@ -353,15 +366,15 @@ async def _presets(ps: tuple[ag.Tensor, ...], rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize(
-    "fail, msg",
+    "fail, note",
     [
-        (Boom, "exception in the backward of BoomBackward: ValueError: boom"),
-        (AsyncBoom, "exception in the backward of AsyncBoomBackward: ValueError: boom"),
+        (Boom, "raised in the backward of BoomBackward"),
+        (AsyncBoom, "raised in the backward of AsyncBoomBackward"),
     ],
     ids=["plain", "async"],
 )
 async def test_failed_backward_leaves_every_grad_bit_identical(
-    rt: Any, rng: np.random.Generator, fail: Any, msg: str
+    rt: Any, rng: np.random.Generator, fail: Any, note: str
 ) -> None:
     ps = _params(rng)
     a, b, c, d = ps
@@ -370,8 +383,13 @@ async def test_failed_backward_leaves_every_grad_bit_identical(
     # the failing node is the oldest, so every other node (and leaf) has run before it fails
     broken = fail.apply(a)
     loss = broken.sum() + (b * c).sum() + (d * 3.0).sum() + (a * 2.0).sum()
-    e = await araises_exactly(ag.BackwardError, msg, lambda: loss.backward())
-    assert isinstance(e.__cause__, ValueError)
+    e = await araises_user(ValueError, "boom", note, lambda: loss.backward())
+    # the traceback still reaches the line that raised, in the user's backward
+    assert e.__traceback__ is not None
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    assert tb.tb_frame.f_code.co_name == "backward" and tb.tb_frame.f_code.co_filename == __file__
     after = _snapshot(ps)
     for (g0, s0), (g1, s1) in zip(before, after):
         assert g1 is g0
@@ -389,8 +407,10 @@ async def test_failed_leaf_hook_leaves_every_grad_bit_identical(rt: Any, rng: np
     await _presets(ps, rng)
     before = _snapshot(ps)
     d.register_hook(lambda g: 1 / 0)
-    msg = "exception in a hook on a leaf tensor: ZeroDivisionError: division by zero"
-    await araises_exactly(ag.BackwardError, msg, lambda: ((a * b).sum() + (c * d).sum()).backward())
+    note = "raised in a hook on a leaf tensor of shape (3, 4)"
+    await araises_user(
+        ZeroDivisionError, "division by zero", note, lambda: ((a * b).sum() + (c * d).sum()).backward()
+    )
     assert _snapshot(ps) == before
 
 
@@ -404,6 +424,171 @@ async def test_failed_tensor_hook_message(rt: Any) -> None:
     )
     await araises_exactly(ag.BackwardError, msg, lambda: y.sum().backward())
     assert x.grad is None
+
+
+async def test_tensor_hook_returning_a_non_tensor_is_a_type_error(rt: Any) -> None:
+    # PyTorch: TypeError for a hook's result that is no tensor (a RuntimeError for a wrong size)
+    x = t(2, rg=True)
+    y = x * 2.0
+    y.register_hook(lambda g: 3)
+    msg = (
+        "a hook on MulBackward0 returned int but the gradient has shape (2,); a hook must return None or a "
+        "Tensor of the same shape"
+    )
+    await araises_exactly(TypeError, msg, lambda: y.sum().backward())
+    assert x.grad is None
+
+
+class WrongShape(ag.Function):
+    @staticmethod
+    def forward(ctx: Any, x: ag.Tensor) -> ag.Tensor:
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx: Any, g: ag.Tensor) -> ag.Tensor:
+        return ag.ones(3, dtype="float64")
+
+
+async def test_wrong_gradient_shape_from_a_backward_is_a_runtime_error(rt: Any) -> None:
+    # the engine's own check (PyTorch: RuntimeError "returned an invalid gradient"): a BackwardError
+    x = t(2, rg=True)
+    x.grad = ag.full((2,), 5.0, dtype="float64")
+    msg = "WrongShapeBackward: backward returned a gradient of shape (3,) for input 0, which has shape (2,)"
+    e = await araises_exactly(ag.BackwardError, msg, lambda: WrongShape.apply(x).sum().backward())
+    assert isinstance(e, RuntimeError)
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(2, 5.0))
+
+
+class OddNotes(Exception):
+    pass
+
+
+async def test_exception_with_a_non_list_notes_attribute_is_reraised_as_it_is(rt: Any) -> None:
+    class Odd(ag.Function):
+        @staticmethod
+        def forward(ctx: Any, x: ag.Tensor) -> ag.Tensor:
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx: Any, g: ag.Tensor) -> ag.Tensor:
+            e = OddNotes("odd")
+            e.__notes__ = ("not", "a list")  # type: ignore[assignment]
+            raise e
+
+    x = t(2, rg=True)
+    with pytest.raises(OddNotes) as info:
+        with trio.fail_after(TIMEOUT):
+            await Odd.apply(x).sum().backward()
+    assert str(info.value) == "odd" and info.value.__notes__ == ("not", "a list")
+    assert x.grad is None
+
+
+@pytest.mark.parametrize(
+    "where, note",
+    [
+        ("non-leaf tensor hook", "raised in a hook on MulBackward0"),
+        ("node pre-hook", "raised in a hook on MulBackward0"),
+        ("node hook", "raised in a hook on MulBackward0"),
+        ("leaf tensor hook", "raised in a hook on a leaf tensor of shape (2,)"),
+    ],
+)
+async def test_exception_in_a_hook_is_reraised_with_a_note(rt: Any, where: str, note: str) -> None:
+    x = t(2, rg=True)
+    y = x * 2.0
+
+    def hook(*_: Any) -> None:
+        raise KeyError("nope")
+
+    if where == "non-leaf tensor hook":
+        y.register_hook(hook)
+    elif where == "node pre-hook":
+        y.grad_fn.register_prehook(hook)
+    elif where == "node hook":
+        y.grad_fn.register_hook(hook)
+    else:
+        x.register_hook(hook)
+    await araises_user(KeyError, "'nope'", note, lambda: y.sum().backward())
+    assert x.grad is None
+
+
+# ---- a failing post-accumulate-grad hook puts every .grad back ---------------------------------------------
+
+
+def _exact(p: ag.Tensor) -> Any:
+    """``.grad`` as an object, its bytes and its strides (None when there is none)."""
+    g = p.grad
+    return None if g is None else (g, g.numpy().tobytes(), g.numpy().strides)
+
+
+async def test_failing_post_accumulate_hook_puts_back_grads_that_were_none(rt: Any) -> None:
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = ag.tensor([3.0, 4.0], requires_grad=True)
+    x.register_post_accumulate_grad_hook(lambda p: 1 / 0)
+    note = (
+        "raised in a post-accumulate-grad hook on a leaf tensor of shape (2,); every .grad this backward pass "
+        "had written was put back as it was"
+    )
+    await araises_user(ZeroDivisionError, "division by zero", note, lambda: (x * y).sum().backward())
+    assert x.grad is None and y.grad is None
+
+
+@pytest.mark.parametrize("size", [(3, 4), (80, 90)], ids=["inline", "queued"])
+async def test_failing_post_accumulate_hook_puts_back_preset_grads_exactly(
+    rt: Any, rng: np.random.Generator, size: tuple[int, int]
+) -> None:
+    # a Fortran-order parameter with a Fortran-order .grad, a C-order one with a C-order .grad (accumulated
+    # in place: the same objects, values and strides come back), and one with no .grad yet
+    a = ag.from_numpy(np.asfortranarray(rng.standard_normal(size))).requires_grad_()
+    b = ag.tensor(rng.standard_normal(size), requires_grad=True)
+    c = ag.tensor(rng.standard_normal(size), requires_grad=True)
+    a.grad = ag.from_numpy(np.asfortranarray(rng.standard_normal(size)))
+    b.grad = ag.tensor(rng.standard_normal(size))
+    assert a.grad.numpy().flags.f_contiguous and not a.grad.numpy().flags.c_contiguous
+    before = [_exact(p) for p in (a, b, c)]
+    ga, gb = a.grad, b.grad
+    seen = []
+
+    def zero_it(p: ag.Tensor) -> None:  # runs first: changes .grad in place, then replaces it
+        seen.append(p.grad.numpy().copy())
+        p.grad.zero_()
+        p.grad = ag.ones(size, dtype="float64")
+
+    def fail(p: ag.Tensor) -> None:
+        raise ValueError("post says no")
+
+    b.register_post_accumulate_grad_hook(zero_it)
+    b.register_post_accumulate_grad_hook(fail)
+    loss = (a * b).sum() + (b * c).sum() + (c * 2.0).sum()
+    with pytest.raises(ValueError, match="post says no") as info:
+        with trio.fail_after(TIMEOUT):
+            await loss.backward()
+    assert str(info.value) == "post says no"
+    assert len(info.value.__notes__) == 1 and "post-accumulate-grad hook" in info.value.__notes__[0]
+    # the hook saw the accumulated gradient (the pass did commit before it ran)
+    np.testing.assert_array_equal(seen[0], np.frombuffer(before[1][1]).reshape(size) + (a.numpy() + c.numpy()))
+    assert a.grad is ga and b.grad is gb and c.grad is None
+    for (g0, bytes0, strides0), p in zip(before[:2], (a, b)):
+        assert p.grad is g0
+        assert p.grad.numpy().tobytes() == bytes0
+        assert p.grad.numpy().strides == strides0
+    assert np.array_equal(a.grad.numpy(), np.frombuffer(before[0][1]).reshape(size))
+    # the same leaves accumulate normally afterwards (into the very same objects)
+    with trio.fail_after(TIMEOUT):
+        await (a * 3.0).sum().backward()
+    assert a.grad is ga
+    np.testing.assert_array_equal(a.grad.numpy(), np.frombuffer(before[0][1]).reshape(size) + 3.0)
+
+
+async def test_failing_post_accumulate_hook_under_create_graph_puts_back_the_old_grad(rt: Any) -> None:
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    g0 = ag.tensor([7.0, 8.0])
+    x.grad = g0
+    x.register_post_accumulate_grad_hook(lambda p: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        with trio.fail_after(TIMEOUT):
+            await (x * x).sum().backward(create_graph=True)  # out-of-place accumulation
+    assert x.grad is g0
+    np.testing.assert_array_equal(g0.numpy(), [7.0, 8.0])
 
 
 @pytest.mark.parametrize("kind", ["post-count", "post-type", "pre-count", "pre-shape"])

@@ -196,6 +196,17 @@ class Actor:
             self._busy = False
             self._handled += 1
 
+    @property
+    def idle(self) -> bool:
+        """True if `call_nowait` would handle a message right now, in the calling task (same test)."""
+        return not (
+            self._handle_is_async
+            or self._closed
+            or not self._started
+            or self._busy
+            or self._received != self._taken
+        )
+
     def send_nowait(self, msg: Any) -> None:
         """Queue a fire-and-forget message without waiting.
 

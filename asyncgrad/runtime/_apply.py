@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-import trio
-
 from ..devices import INLINE_MAX_ELEMENTS, Stream
 from ._dispatch import OpNode, _camel, wait_for
 from ._tensor import Tensor
@@ -19,7 +17,24 @@ from ._xp import AG, NP, sum_to
 
 
 class BackwardError(RuntimeError):
-    """A backward function or hook raised; the pass was abandoned and no `.grad` was changed."""
+    """The engine rejected what a backward function or hook returned (count, type or shape of gradients).
+
+    The pass was abandoned and no `.grad` was changed. An exception raised *by* user code in a backward
+    function or hook is not wrapped: it reaches the caller as itself, with a note naming where it was
+    raised (see `note_failure`).
+    """
+
+
+def note_failure(exc: BaseException, where: str) -> None:
+    """Add a note naming the node or hook ``exc`` was raised in (``exc.__notes__``); the caller re-raises.
+
+    The exception keeps its type and traceback, as in PyTorch; an exception that passes through several
+    nested passes gets one note per node on its way out, innermost first.
+    """
+    try:
+        exc.add_note(where)
+    except TypeError:  # the user set __notes__ to something that is not a list: leave it alone
+        pass
 
 
 # set while a plain (non-async) Function backward runs, to catch it starting a nested pass
@@ -144,20 +159,15 @@ def apply_op_graph(node: OpNode, g: Tensor) -> list[Any]:
     return run_rule(node, ag_namespace(), g, list(node.args or ()), node.out)
 
 
-def _wrap_error(node: Any, e: BaseException) -> BackwardError:
-    return BackwardError(f"exception in the backward of {node.name()}: {type(e).__name__}: {e}")
-
-
 def apply_function(node: Any, gouts: list[Any]) -> list[Any]:
     """Run a `Function`'s plain backward."""
     grads = node.prepare_grads(gouts)
     token = in_plain_backward.set(node.name())
     try:
         r = node.fn_cls.backward(node.ctx, *grads)
-    except (trio.Cancelled, BackwardError, KeyboardInterrupt):
+    except Exception as e:  # the user's own exception, re-raised as it is (trio.Cancelled is no Exception)
+        note_failure(e, f"raised in the backward of {node.name()}")
         raise
-    except Exception as e:
-        raise _wrap_error(node, e) from e
     finally:
         in_plain_backward.reset(token)
     return check_function_grads(node, r)

@@ -25,11 +25,11 @@ from ..devices import Stream
 from . import _grad_mode
 from ._apply import (
     BackwardError,
-    _wrap_error,
     apply_function,
     apply_op_graph,
     apply_op_kernel,
     check_function_grads,
+    note_failure,
 )
 from ._dispatch import Node, OpNode
 from ._runtime import current_stream
@@ -252,10 +252,11 @@ class GraphTask:
                                         try:
                                             r = node.fn_cls.backward(node.ctx, *node.prepare_grads(gouts))
                                             r = await (r if tramp is not None or trampoline_here() else _drive(r))
-                                        except (trio.Cancelled, BackwardError, KeyboardInterrupt):
-                                            raise
                                         except Exception as exc:
-                                            raise _wrap_error(node, exc) from exc
+                                            # the user's exception as it is, naming this node on its way
+                                            # out of every pass it crosses
+                                            note_failure(exc, f"raised in the backward of {node.name()}")
+                                            raise
                                         gins = check_function_grads(node, r)
                                         r = None
                                     finally:
@@ -535,20 +536,24 @@ def _topo(order: list[Node], deps: dict[Node, int]) -> list[Node]:
 
 
 def call_hook(fn: Any, node: Node | None, arg: Any) -> Any:
+    """Call a tensor hook or a node pre-hook; an exception it raises propagates as itself, with a note."""
     try:
         return fn(arg)
-    except (trio.Cancelled, KeyboardInterrupt):
-        raise
     except Exception as e:
-        where = node.name() if node is not None else "a leaf tensor"
-        raise BackwardError(f"exception in a hook on {where}: {type(e).__name__}: {e}") from e
+        if node is not None:
+            note_failure(e, f"raised in a hook on {node.name()}")
+        else:
+            note_failure(e, f"raised in a hook on a leaf tensor of shape {arg._shape}")
+        raise
 
 
 def check_hook_grad(node: Node | None, old: Tensor, new: Any) -> Tensor:
     if not isinstance(new, Tensor) or new._shape != old._shape:
         where = node.name() if node is not None else "a leaf tensor"
         got = new._shape if isinstance(new, Tensor) else type(new).__name__
-        raise BackwardError(
+        # PyTorch: a TypeError for a non-Tensor, a RuntimeError for a wrong size
+        err = BackwardError if isinstance(new, Tensor) else TypeError
+        raise err(
             f"a hook on {where} returned {got} but the gradient has shape {old._shape}; "
             "a hook must return None or a Tensor of the same shape"
         )
@@ -563,10 +568,9 @@ def _run_post_hooks(node: Node, gins: list[Any], gouts: list[Any]) -> list[Any]:
     for fn in list(node._post_hooks.values()):
         try:
             r = fn(tuple(gins), tuple(gouts))
-        except (trio.Cancelled, KeyboardInterrupt):
-            raise
         except Exception as e:
-            raise BackwardError(f"exception in a hook on {node.name()}: {type(e).__name__}: {e}") from e
+            note_failure(e, f"raised in a hook on {node.name()}")
+            raise
         if r is not None:
             gins = check_hook_grads(node, "hook", gins, r)
     full = list(full)

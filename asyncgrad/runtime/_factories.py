@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -34,10 +36,32 @@ def manual_seed(seed: int) -> np.random.Generator:
 
 
 def default_generator() -> np.random.Generator:
+    """This thread's default generator (what randn/rand/dropout/nn.init draw from when given none)."""
     g = getattr(_rng_local, "gen", None)
     if g is None:
         g = _rng_local.gen = np.random.default_rng()
     return g  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def fork_default_generator(gen: np.random.Generator, state: dict[str, Any]) -> Iterator[None]:
+    """Inside the block, this thread's default generator is ``gen`` set to ``state``; on the way out both
+    are put back (``gen`` to the state it had on the way in), so the block advances no one's stream.
+
+    PyTorch's ``fork_rng`` plus ``set_rng_state``, for `checkpoint`'s recompute: ``gen`` is the generator
+    the forward drew from (a thread's default generator is per thread and `manual_seed` replaces it, so
+    the one in place now may be another object). The block must not yield to other tasks.
+    """
+    had = getattr(_rng_local, "gen", None)
+    bg = gen.bit_generator
+    before = bg.state
+    bg.state = state
+    _rng_local.gen = gen
+    try:
+        yield
+    finally:
+        bg.state = before
+        _rng_local.gen = had
 
 
 def _finish(data: np.ndarray, device: Any, requires_grad: bool, what: str) -> Tensor:

@@ -98,6 +98,29 @@ def accumulate(rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool | No
     rt.grads_accumulated += 1
 
 
+def undo_record(leaf: Any, g: Any, create_graph: bool) -> tuple[Any, Tensor | None, list[Any] | None]:
+    """What `undo` needs to put ``leaf.grad`` back as it is now, before `accumulate` folds ``g`` into it.
+
+    ``.grad`` is kept as an object; when `accumulate` will add into it in place, a copy of its values (in
+    its own layout) is taken too, in stream order before the add.
+    """
+    old = leaf._grad
+    if old is None or create_graph or (_grad_mode.is_grad_enabled() and g._rg):
+        return (leaf, old, None)  # no .grad yet, or out-of-place accumulation: the old object is untouched
+    box: list[Any] = []
+    inplace(old, lambda a: box.append(a.copy(order="K")))
+    return (leaf, old, box)
+
+
+def undo(records: list[tuple[Any, Tensor | None, list[Any] | None]]) -> None:
+    """Put every ``.grad`` in ``records`` back: the same tensor object, with its values (and strides) as
+    they were when its record was taken, whatever was written into it or into ``.grad`` since."""
+    for leaf, old, box in reversed(records):
+        if box is not None:
+            inplace(old, lambda a, box=box: np.copyto(a, box[0]))  # type: ignore[misc]
+        leaf._grad = old
+
+
 def _is_ready(t: Any) -> bool:
     s = t._stream
     return t._data is not None and (s is None or s._completed >= t._seq)

@@ -10,6 +10,12 @@ Ownership (who may change what):
   messages, and hook registrations on an owned leaf are `AddHook` / `RemoveHook` messages. The owner
   handles its mailbox one message at a time, so two passes committing into a shared leaf are applied
   one after the other (no lost update, no mutex).
+* A pass commits all of its leaves or none. If a post-accumulate-grad hook raises, every `.grad` the
+  pass committed is put back as it was (an undo log, kept only by passes whose leaves have such hooks:
+  the `.grad` objects, and a copy of the values of those accumulated in place) and the hook's exception
+  reaches the caller. A pass whose leaves have several owners commits to all of them with no `await`
+  in between (it first waits until every one of them is idle), so no other pass's commit can land
+  between its commit and its undo.
 * Owners are partitioned by stream: a leaf is owned by the owner of the stream of the first graph task
   that committed into it. Concurrent trainings run on different streams, so independent trainings
   never share an owner (burn's lesson: one global server behind a channel is still one choke point).
@@ -25,10 +31,10 @@ import trio
 
 from ..actors import Actor, ActorClosedError
 from ..devices import private_base
-from ._apply import BackwardError
+from ._apply import note_failure
 from ._engine import call_hook, check_hook_grad
 from ._hooks import HookTable
-from ._layout import accumulate
+from ._layout import accumulate, undo, undo_record
 
 
 @attrs.frozen
@@ -40,11 +46,29 @@ class Prepare:
 
 @attrs.frozen
 class Commit:
-    """Fold prepared gradients into `.grad`, then run post-accumulate hooks."""
+    """Fold prepared gradients into `.grad`, then run post-accumulate hooks.
+
+    ``keep_undo``: reply with the undo log (for a `Rollback`, should another owner's hook fail).
+    """
 
     entries: list[list[Any]]
     create_graph: bool
     task_id: int
+    keep_undo: bool = False
+
+
+@attrs.frozen
+class Rollback:
+    """Undo a `Commit` of this owner (another owner of the same pass failed after it)."""
+
+    records: list[Any]
+
+
+class _Sync:
+    """A message that does nothing: its reply means the messages queued before it were handled."""
+
+
+_SYNC = _Sync()
 
 
 @attrs.frozen
@@ -101,10 +125,8 @@ class LeafOwner(Actor):
             return self._commit(msg.entries, msg.create_graph, msg.task_id)
         if isinstance(msg, Prepare):
             return _prepare(msg.entries)
-        if isinstance(msg, (Commit, PrepareAndCommit)):
-            if isinstance(msg, PrepareAndCommit):
-                _prepare(msg.entries)
-            return self._commit(msg.entries, msg.create_graph, msg.task_id)
+        if isinstance(msg, Commit):
+            return self._commit(msg.entries, msg.create_graph, msg.task_id, msg.keep_undo)
         if isinstance(msg, AddHook):
             self._hook_messages += 1
             msg.table[msg.hook_id] = msg.fn
@@ -113,14 +135,52 @@ class LeafOwner(Actor):
             self._hook_messages += 1
             msg.table.pop(msg.hook_id, None)
             return None
+        if isinstance(msg, Rollback):
+            undo(msg.records)
+            return None
+        if msg is _SYNC:
+            return None
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
-    def _commit(self, entries: list[list[Any]], create_graph: bool, task_id: int) -> None:
+    def _commit(
+        self, entries: list[list[Any]], create_graph: bool, task_id: int, keep_undo: bool = False
+    ) -> list[Any] | None:
+        """Fold ``entries`` into their leaves' `.grad`, then run their post-accumulate hooks; if one raises,
+        put every `.grad` back and raise it. Returns the undo log if ``keep_undo``, else None."""
         self._commits += 1
         self._leaves_committed += len(entries)
         if task_id != self._last_task_id:
             self._last_task_id = task_id
             self._tasks_seen += 1
+        if not keep_undo:
+            for entry in entries:
+                if entry[0]._post_hooks:
+                    break
+            else:  # no post-accumulate hook: nothing to undo (the common path keeps no log)
+                self._accumulate(entries, create_graph, None)
+                return None
+        records: list[Any] = []
+        try:
+            post = self._accumulate(entries, create_graph, records)
+            for leaf in post:
+                for fn in list(leaf._post_hooks.values()):
+                    try:
+                        fn(leaf)
+                    except Exception as e:
+                        note_failure(
+                            e,
+                            f"raised in a post-accumulate-grad hook on a leaf tensor of shape {leaf._shape}; "
+                            "every .grad this backward pass had written was put back as it was",
+                        )
+                        raise
+        except Exception:
+            undo(records)
+            raise
+        return records if keep_undo else None
+
+    def _accumulate(self, entries: list[list[Any]], create_graph: bool, records: list[Any] | None) -> list[Any]:
+        """Fold each entry's gradient into its leaf (logging how to undo it in ``records``, if given);
+        returns the leaves that have post-accumulate hooks."""
         post = []
         while entries:
             entry = entries.pop()
@@ -135,19 +195,13 @@ class LeafOwner(Actor):
             else:  # still computing (its kernel holds it now): decided in stream order, once it is computed
                 unique = None
             del arr
+            if records is not None:
+                records.append(undo_record(leaf, g, create_graph))  # holds .grad as it is, never g
             accumulate(self._rt, leaf, g, create_graph, unique)
             g = None  # a queued steal-or-copy kernel counts the references left to g
             if leaf._post_hooks:
                 post.append(leaf)
-        for leaf in post:
-            for fn in list(leaf._post_hooks.values()):
-                try:
-                    fn(leaf)
-                except Exception as e:
-                    raise BackwardError(
-                        f"exception in a post-accumulate-grad hook on a leaf of shape {leaf._shape}: "
-                        f"{type(e).__name__}: {e} (the pass's gradients were already committed)"
-                    ) from e
+        return post
 
     def owner_statistics(self) -> OwnerStatistics:
         return OwnerStatistics(
@@ -190,7 +244,8 @@ async def prepare_and_commit(
     """Send staged leaf gradients to their owners: all `Prepare`s first, then (if ``commit``) all `Commit`s.
 
     A hook failing in the prepare phase aborts before anything is written. The commit phase is shielded
-    from cancellation, so a pass commits all of its leaves or none.
+    from cancellation, and a post-accumulate hook failing in it undoes the whole commit (see the module
+    docstring), so a pass commits all of its leaves or none.
     """
     by_owner: dict[LeafOwner, list[list[Any]]] = {}
     for entry in staged:
@@ -210,30 +265,42 @@ async def prepare_and_commit(
         return
     for owner, entries in by_owner.items():
         try:
-            try:
-                owner.call_nowait(Prepare(entries))
-            except trio.WouldBlock:
-                await _call(owner, Prepare(entries))
-        except BackwardError:
-            raise
-        except Exception as e:
-            raise BackwardError(f"exception in a leaf hook: {type(e).__name__}: {e}") from e
+            owner.call_nowait(Prepare(entries))
+        except trio.WouldBlock:
+            await _call(owner, Prepare(entries))
     if not commit:
         return
     staged.clear()
-    first_error: BaseException | None = None
-    for owner, entries in by_owner.items():
-        # every owner commits even if a post-accumulate hook raised in another: no half-written pass
-        try:
+    # wait until every owner is idle at once, then commit to all of them without an `await` in between:
+    # no other pass's commit can land between this pass's commit and its undo (should a post-accumulate
+    # hook raise in a later owner). Cancelled meanwhile: nothing is committed, the caller sees Cancelled
+    owners = list(by_owner)
+    while True:
+        busy = next((o for o in owners if not o.idle), None)
+        if busy is None:
+            break
+        await _call(busy, _SYNC)
+    keep_undo = any(entry[0]._post_hooks for entries in by_owner.values() for entry in entries)
+    done: list[tuple[LeafOwner, Any]] = []
+    try:
+        for owner, entries in by_owner.items():
+            cmsg = Commit(entries, create_graph, task_id, keep_undo)
             try:
-                owner.call_nowait(Commit(entries, create_graph, task_id))
+                records = owner.call_nowait(cmsg)
+            except trio.WouldBlock:  # a hook of an earlier owner sent it a message: still in order
+                records = await _call(owner, cmsg, shield=True)
+            if records is not None:
+                done.append((owner, records))
+    except Exception:
+        # a post-accumulate hook raised (its owner has put its own leaves back): put back the others
+        for owner, records in done:
+            try:
+                owner.call_nowait(Rollback(records))
             except trio.WouldBlock:
-                await _call(owner, Commit(entries, create_graph, task_id), shield=True)
-        except Exception as e:
-            first_error = first_error or e
-    by_owner.clear()
-    if first_error is not None:
-        raise first_error
+                await _call(owner, Rollback(records), shield=True)
+        raise
+    finally:
+        by_owner.clear()
 
 
 async def _call(owner: LeafOwner, msg: Any, *, shield: bool = False) -> Any:
