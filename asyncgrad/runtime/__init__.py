@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (register ops)
     _ops_nn,
     _ops_nn2,
     _ops_reduce,
+    _ops_reduce2,
     _ops_shape,
 )
 from ._apply import BackwardError
@@ -111,6 +112,7 @@ from ._ops_nn2 import (
     var,
 )
 from ._ops_reduce import MaxResult, amax, argmax, argmin, max, mean, min, norm, sum
+from ._ops_reduce2 import all, amin, any, prod
 from ._ops_shape import (
     broadcast_to,
     cat,
@@ -158,8 +160,11 @@ __all__ = [
     "Tensor",
     "abs",
     "add",
+    "all",
     "allclose",
     "amax",
+    "amin",
+    "any",
     "apply",
     "arange",
     "argmax",
@@ -248,6 +253,7 @@ __all__ = [
     "open_runtime",
     "permute",
     "pow",
+    "prod",
     "rand",
     "rand_like",
     "randint",
