@@ -70,7 +70,7 @@ from ._ops_elementwise import (
     tanh,
     where,
 )
-from ._ops_linalg import matmul
+from ._ops_linalg import addmm, bmm, dot, matmul, mm, outer
 from ._ops_math import (
     allclose,
     ceil,
@@ -182,6 +182,7 @@ __all__ = [
     "Tensor",
     "abs",
     "add",
+    "addmm",
     "all",
     "allclose",
     "amax",
@@ -195,6 +196,7 @@ __all__ = [
     "avg_pool2d",
     "backward",
     "binary_cross_entropy_with_logits",
+    "bmm",
     "broadcast_to",
     "cat",
     "ceil",
@@ -215,6 +217,7 @@ __all__ = [
     "defop",
     "diag",
     "div",
+    "dot",
     "dropout",
     "einsum",
     "embedding",
@@ -265,6 +268,7 @@ __all__ = [
     "mean",
     "min",
     "minimum",
+    "mm",
     "moveaxis",
     "movedim",
     "mse_loss",
@@ -281,6 +285,7 @@ __all__ = [
     "ones",
     "ones_like",
     "open_runtime",
+    "outer",
     "permute",
     "pow",
     "prod",
