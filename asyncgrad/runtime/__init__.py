@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (register ops)
     _ops_reduce2,
     _ops_shape,
     _ops_shape2,
+    _ops_sort,
 )
 from ._apply import BackwardError
 from ._autograd import backward, grad
@@ -149,6 +150,7 @@ from ._ops_shape2 import (
     unbind,
     unflatten,
 )
+from ._ops_sort import SortResult, TopkResult, argsort, argwhere, masked_select, nonzero, sort, topk
 from ._runtime import NoRuntimeError, Runtime, RuntimeStatistics, current_runtime, open_runtime, run
 from ._tensor import Tensor
 
@@ -179,7 +181,9 @@ __all__ = [
     "RemovableHandle",
     "Runtime",
     "RuntimeStatistics",
+    "SortResult",
     "Tensor",
+    "TopkResult",
     "abs",
     "add",
     "addmm",
@@ -192,6 +196,8 @@ __all__ = [
     "arange",
     "argmax",
     "argmin",
+    "argsort",
+    "argwhere",
     "astype",
     "avg_pool2d",
     "backward",
@@ -261,6 +267,7 @@ __all__ = [
     "log_softmax",
     "logsumexp",
     "manual_seed",
+    "masked_select",
     "matmul",
     "max",
     "max_pool2d",
@@ -278,6 +285,7 @@ __all__ = [
     "neg",
     "nll_loss",
     "no_grad",
+    "nonzero",
     "norm",
     "normal",
     "numel",
@@ -310,6 +318,7 @@ __all__ = [
     "sign",
     "sin",
     "softmax",
+    "sort",
     "split",
     "sqrt",
     "square",
@@ -322,6 +331,7 @@ __all__ = [
     "swapdims",
     "tanh",
     "tensor",
+    "topk",
     "trace",
     "transpose",
     "tril",
