@@ -3,6 +3,7 @@
 from . import (  # noqa: F401  (register ops)
     _ops_conv,
     _ops_elementwise,
+    _ops_index,
     _ops_linalg,
     _ops_math,
     _ops_nn,
@@ -71,6 +72,7 @@ from ._ops_elementwise import (
     tanh,
     where,
 )
+from ._ops_index import scatter, scatter_add
 from ._ops_linalg import addmm, bmm, dot, matmul, mm, outer
 from ._ops_math import (
     allclose,
@@ -312,6 +314,8 @@ __all__ = [
     "round",
     "rsqrt",
     "run",
+    "scatter",
+    "scatter_add",
     "set_default_dtype",
     "set_grad_enabled",
     "sigmoid",
