@@ -243,6 +243,113 @@ case("softmax", "method", lambda x: x.softmax(-1), rn(2, 3))
 case("log_softmax", "method", lambda x: x.log_softmax(0), rn(2, 3))
 case("log_softmax", "large-logits", lambda x: ag.log_softmax(x * 50.0), rn(2, 4))
 
+# ---- more elementwise math ------------------------------------------------------------------------------
+
+for shp in [(), (5,), (2, 3)]:
+    lbl = _s(shp)
+    case("sin", lbl, ag.sin, rn(*shp))
+    case("cos", lbl, ag.cos, rn(*shp))
+    case("log1p", lbl, ag.log1p, pos(*shp) - 0.4)
+    case("expm1", lbl, ag.expm1, rn(*shp))
+    case("erf", lbl, ag.erf, rn(*shp))
+    case("rsqrt", lbl, ag.rsqrt, pos(*shp))
+    case("reciprocal", lbl, ag.reciprocal, away(*shp))
+    case("square", lbl, ag.square, rn(*shp))
+# rounding: inputs off the jumps (multiples of 0.1 plus 0.03); the gradient is 0
+case("floor", "2x3", ag.floor, grid(2, 3, off=0.03))
+case("ceil", "method", lambda x: x.ceil() * x, grid(4, off=0.03))
+case("round", "2x3", lambda x: ag.round(x) + x, grid(2, 3, off=0.03))
+case("round", "decimals", lambda x: x.round(decimals=1) * x, grid(4, off=0.03) / 7)
+case("sin", "method", lambda x: x.sin() * x.cos(), rn(4))
+case("square", "method", lambda x: x.square().rsqrt(), away(3))
+case("lerp", "scalar-weight", lambda a, b: ag.lerp(a, b, 0.3), rn(2, 3), rn(2, 3))
+case("lerp", "tensor-weight", lambda a, b, w: a.lerp(b, w), rn(2, 3), rn(3), R.uniform(0, 1, (2, 1)))
+case("lerp", "weight-above-half", lambda a, b, w: ag.lerp(a, b, w), rn(4), rn(4), R.uniform(0.6, 1.2, (4,)))
+NONFINITE = np.array([1.0, np.nan, -2.0, np.inf, 0.5, -np.inf])
+case("nan_to_num", "finite", lambda x: ag.nan_to_num(x) * x, rn(2, 3))
+case(
+    "nan_to_num",
+    "nonfinite",
+    lambda x: ag.nan_to_num(x + ag.tensor(NONFINITE), nan=0.5, posinf=3.0, neginf=-3.0) * x,
+    rn(6),
+)
+
+# ---- more reductions ------------------------------------------------------------------------------------
+
+
+def with_zeros(*s: int, k: int = 1) -> np.ndarray:
+    """Random values with ``k`` exact zeros in every row (the prod gradient's hard case)."""
+    a = rn(*s)
+    for row in a.reshape(-1, s[-1]):
+        row[R.choice(s[-1], k, replace=False)] = 0.0
+    return a
+
+
+case("prod", "full", ag.prod, rn(3, 4))
+case("prod", "dim1", lambda x: ag.prod(x, 1), rn(2, 3, 4))
+case("prod", "dim0-keepdim", lambda x: x.prod(0, keepdim=True), rn(3, 4))
+case("prod", "scalar", lambda x: ag.prod(x), rn())
+case("prod", "one-zero", lambda x: x.prod(-1), with_zeros(3, 4))
+case("prod", "two-zeros", lambda x: x.prod(1), with_zeros(2, 5, k=2))
+case("prod", "one-zero-full", ag.prod, with_zeros(2, 3))
+case("prod", "zero-dim0", lambda x: ag.prod(x, 0), with_zeros(4, 3).T.copy())
+case("amin", "dim1", lambda x: ag.amin(x, 1), distinct(3, 4))
+case("amin", "method-dims", lambda x: x.amin((0, 2), keepdim=True), distinct(2, 3, 2))
+
+# ---- more shape ops -------------------------------------------------------------------------------------
+
+case("split", "int", lambda x: ag.split(x, 2, 1)[2] * ag.split(x, 2, 1)[0][:, :1], rn(3, 5))
+case("split", "sizes", lambda x: ag.concat(list(x.split([1, 3, 1], 0))[::-1], 0), rn(5, 2))
+case("chunk", "3", lambda x: ag.chunk(x, 3, -1)[1], rn(2, 7))
+case("unbind", "dim1", lambda x: ag.stack(ag.unbind(x, 1)[::-1]), rn(2, 3))
+case("narrow", "neg-start", lambda x: x.narrow(1, -3, 2), rn(2, 5))
+case("flip", "dims", lambda x: ag.flip(x, (0, 2)), rn(2, 3, 4))
+case("flip", "method", lambda x: x.flip(1) * x, rn(3, 3))
+case("roll", "dims", lambda x: ag.roll(x, (1, -2), (0, 1)), rn(3, 4))
+case("roll", "flat", lambda x: x.roll(5), rn(2, 3))
+case("movedim", "pair", lambda x: ag.movedim(x, (0, 1), (2, 0)), rn(2, 3, 4))
+case("swapaxes", "method", lambda x: x.swapaxes(0, -1), rn(2, 3, 4))
+case("unflatten", "infer", lambda x: ag.unflatten(x, 1, (2, -1)), rn(3, 6))
+case("repeat", "more-dims", lambda x: x.repeat(2, 1, 3), rn(2, 3))
+case("repeat", "same-dims", lambda x: ag.repeat(x, (3, 2)), rn(2, 2))
+case("repeat_interleave", "int-dim", lambda x: ag.repeat_interleave(x, 3, dim=1), rn(2, 3))
+case("repeat_interleave", "flat", lambda x: x.repeat_interleave(2), rn(2, 2))
+case("repeat_interleave", "counts", lambda x: ag.repeat_interleave(x, [2, 0, 1], dim=0), rn(3, 2))
+case("tril", "k0", ag.tril, rn(3, 4))
+case("tril", "batched-k-1", lambda x: x.tril(-1), rn(2, 3, 3))
+case("triu", "k1", lambda x: ag.triu(x, 1), rn(4, 3))
+case("triu", "method", lambda x: x.triu() @ x, rn(3, 3))
+case("diag", "1d-to-2d", lambda v: ag.diag(v, 1), rn(3))
+case("diag", "2d-to-1d", lambda x: x.diag(-1), rn(3, 4))
+case("diag", "square", lambda x: ag.diag(x) * ag.diag(x), rn(3, 3))
+case("trace", "2d", lambda x: ag.trace(x * x), rn(3, 4))
+
+# ---- more linalg ---------------------------------------------------------------------------------------
+
+case("mm", "2d", ag.mm, rn(3, 4), rn(4, 2))
+case("bmm", "3d", lambda a, b: a.bmm(b), rn(2, 3, 4), rn(2, 4, 2))
+case("dot", "1d", ag.dot, rn(5), rn(5))
+case("outer", "1d", lambda a, b: a.outer(b), rn(3), rn(4))
+case("addmm", "bias-row", lambda c, a, b: ag.addmm(c, a, b), rn(2), rn(3, 4), rn(4, 2))
+case("addmm", "beta-alpha", lambda c, a, b: c.addmm(a, b, beta=0.5, alpha=-2.0), rn(3, 2), rn(3, 4), rn(4, 2))
+case("addmm", "beta0", lambda c, a, b: ag.addmm(c, a, b, beta=0), rn(3, 2), rn(3, 4), rn(4, 2))
+
+# ---- sorting, selection, scatter -------------------------------------------------------------------------
+
+case("sort", "last", lambda x: ag.sort(x).values, distinct(3, 4))
+case("sort", "dim0-descending", lambda x: x.sort(0, descending=True)[0], distinct(4, 3))
+case("sort", "values-times-x", lambda x: ag.sort(x, -1).values * x, distinct(2, 5))
+case("topk", "largest", lambda x: ag.topk(x, 2).values, distinct(3, 5))
+case("topk", "smallest-dim0", lambda x: x.topk(3, 0, largest=False).values, distinct(4, 2))
+case("masked_select", "broadcast", lambda x: ag.masked_select(x, ag.tensor(C31)), rn(3, 4))
+case("masked_select", "method", lambda x: x.masked_select(x > 0) * 2.0, away(2, 5))
+IDX = np.array([[0, 2, 1, 2], [1, 0, 2, 0]])
+case("scatter", "src", lambda x, s: x.scatter(0, ag.tensor(IDX), s), rn(3, 4), rn(2, 4))
+case("scatter", "larger-src", lambda x, s: ag.scatter(x, 1, ag.tensor(IDX[:, :3]), s), rn(2, 4), rn(3, 5))
+case("scatter", "value", lambda x: x.scatter(0, ag.tensor(IDX), 1.5) * x, rn(3, 4))
+case("scatter_add", "repeated", lambda x, s: x.scatter_add(1, ag.tensor([[0, 0, 3], [2, 2, 2]]), s), rn(2, 4), rn(2, 3))
+case("scatter_add", "src-times", lambda x, s: ag.scatter_add(x, 0, ag.tensor(IDX), s * s), rn(3, 4), rn(2, 4))
+
 REQUIRED_OPS = {
     "add",
     "sub",
@@ -273,6 +380,46 @@ REQUIRED_OPS = {
     "getitem",
     "softmax",
     "log_softmax",
+    "sin",
+    "cos",
+    "floor",
+    "ceil",
+    "round",
+    "log1p",
+    "expm1",
+    "erf",
+    "rsqrt",
+    "reciprocal",
+    "square",
+    "lerp",
+    "nan_to_num",
+    "prod",
+    "amin",
+    "split",
+    "chunk",
+    "unbind",
+    "narrow",
+    "flip",
+    "roll",
+    "movedim",
+    "swapaxes",
+    "unflatten",
+    "repeat",
+    "repeat_interleave",
+    "tril",
+    "triu",
+    "diag",
+    "trace",
+    "mm",
+    "bmm",
+    "dot",
+    "outer",
+    "addmm",
+    "sort",
+    "topk",
+    "masked_select",
+    "scatter",
+    "scatter_add",
 }
 GG_OPS = {
     "add",

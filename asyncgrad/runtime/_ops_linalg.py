@@ -145,3 +145,103 @@ def _install() -> None:
 
 
 _install()
+
+
+# ---- mm, bmm, dot, outer, addmm: matmul with PyTorch's stricter shape and dtype checks --------------------
+
+
+def _same_dtype(op: str, a: Tensor, b: Tensor, what: str) -> None:
+    if a.dtype != b.dtype:
+        raise OpError(
+            f"{op}: expected {what} to have the same dtype, got {a.dtype} and {b.dtype}; "
+            "convert one with .to(dtype) first"
+        )
+
+
+def _ndims(op: str, want: int, **ts: Tensor) -> None:
+    for name, t in ts.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+        if t.ndim != want:
+            raise OpError(f"{op}: {name} must be {want}-D, got shape {tuple(t.shape)}")
+
+
+def _mm_check(op: str, a: Tensor, b: Tensor) -> None:
+    _ndims(op, 2, mat1=a, mat2=b)
+    if a.shape[1] != b.shape[0]:
+        raise OpError(
+            f"{op}: mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+            f"{b.shape[0]}x{b.shape[1]}): mat1's columns must equal mat2's rows"
+        )
+    _same_dtype(op, a, b, "mat1 and mat2")
+
+
+def mm(input: Tensor, mat2: Tensor) -> Tensor:
+    """The product of two matrices (2-D only, same dtype), like ``torch.mm``."""
+    _mm_check("mm", input, mat2)
+    return apply(OP_MATMUL, (input, mat2))
+
+
+def bmm(input: Tensor, mat2: Tensor) -> Tensor:
+    """Batched matrix product of (b, n, k) and (b, k, m) tensors (no broadcasting), like ``torch.bmm``."""
+    _ndims("bmm", 3, input=input, mat2=mat2)
+    if input.shape[0] != mat2.shape[0] or input.shape[2] != mat2.shape[1]:
+        raise OpError(
+            f"bmm: shapes {tuple(input.shape)} and {tuple(mat2.shape)} do not fit (b, n, k) @ (b, k, m): "
+            "batch sizes and inner dims must be equal"
+        )
+    _same_dtype("bmm", input, mat2, "input and mat2")
+    return apply(OP_MATMUL, (input, mat2))
+
+
+def dot(input: Tensor, other: Tensor) -> Tensor:
+    """The inner product of two 1-D tensors of equal length, like ``torch.dot``."""
+    _ndims("dot", 1, input=input, other=other)
+    if input.shape != other.shape:
+        raise OpError(
+            f"dot: expected vectors of equal length, got shapes {tuple(input.shape)} and {tuple(other.shape)}"
+        )
+    _same_dtype("dot", input, other, "both vectors")
+    return apply(OP_MATMUL, (input, other))
+
+
+def outer(input: Tensor, vec2: Tensor) -> Tensor:
+    """The outer product ``input[i] * vec2[j]`` of two 1-D tensors, like ``torch.outer``."""
+    from ._ops_shape import expand_dims
+
+    _ndims("outer", 1, input=input, vec2=vec2)
+    return expand_dims(input, 1) * expand_dims(vec2, 0)
+
+
+def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """``beta * input + alpha * (mat1 @ mat2)``, ``input`` broadcast to the product's shape (torch.addmm).
+
+    With ``beta=0`` the input is ignored (its NaN and inf do not propagate; its gradient is 0), as PyTorch.
+    """
+    from ._ops_elementwise import where
+    from ._ops_shape import broadcast_to
+
+    _mm_check("addmm", mat1, mat2)
+    shape = (mat1.shape[0], mat2.shape[1])
+    if not isinstance(input, Tensor):
+        raise TypeError(f"addmm: input must be a Tensor, got {type(input).__name__}")
+    try:
+        ok = np.broadcast_shapes(tuple(input.shape), shape) == shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise OpError(f"addmm: input of shape {tuple(input.shape)} cannot be broadcast to the product's shape {shape}")
+    p = apply(OP_MATMUL, (mat1, mat2))
+    if alpha != 1:
+        p = p * alpha
+    if beta == 0:
+        return where(np.ones(shape, dtype=bool), p, broadcast_to(input, shape))
+    return p + (input if beta == 1 else input * beta)
+
+
+def _install_more() -> None:
+    for f in (mm, bmm, dot, outer, addmm):
+        setattr(Tensor, f.__name__, f)
+
+
+_install_more()

@@ -1,0 +1,321 @@
+"""More elementwise math with PyTorch's names and semantics, each with its backward rule.
+
+sin, cos, floor, ceil, round, log1p, expm1, erf, rsqrt, reciprocal, square, lerp, nan_to_num; the
+predicates isnan, isinf, isfinite (bool results, no gradient); allclose and equal (Python bools).
+
+floor/ceil/round have a zero gradient (like PyTorch: their outputs require grad, the gradient is 0), and
+keep integer inputs as they are. Rules are written against ``xp`` (see `_xp`), so all have second
+derivatives; ``sin``/``cos`` are added to both rule namespaces here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ._dispatch import OpError, apply, apply1, broadcast_shapes, defop
+from ._ops_act import _erf
+from ._ops_elementwise import _dt, _sh, _ufunc_dtype, _unary_meta
+from ._tensor import Tensor
+from ._xp import AG, NP
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+# ---- trigonometric -----------------------------------------------------------------------------------
+
+
+def _sin_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * xp.cos(args[0]),)
+
+
+def _cos_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (-g * xp.sin(args[0]),)
+
+
+OP_SIN = defop("sin", np.sin, _unary_meta(np.sin), _sin_rule)
+OP_COS = defop("cos", np.cos, _unary_meta(np.cos), _cos_rule)
+
+
+def sin(x: Tensor) -> Tensor:
+    """Elementwise sine."""
+    return apply1(OP_SIN, x)
+
+
+def cos(x: Tensor) -> Tensor:
+    """Elementwise cosine."""
+    return apply1(OP_COS, x)
+
+
+# ---- rounding (zero gradient; integers pass through) -------------------------------------------------
+
+
+def _round_meta(a: Tensor, **kw: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    dt = a.dtype
+    if dt.kind == "b":
+        raise OpError(f"rounding: input dtype {dt} is not supported; convert to an integer or float dtype first")
+    return tuple(a.shape), dt
+
+
+def _rounding(ufunc: Any) -> Any:
+    def kernel(a: np.ndarray) -> np.ndarray:
+        return a.copy() if a.dtype.kind in "iu" else ufunc(a)
+
+    return kernel
+
+
+def _round_kernel(a: np.ndarray, decimals: int) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        return a.copy() if decimals >= 0 else np.round(a, decimals)
+    return np.round(a, decimals)  # half to even, as PyTorch
+
+
+def _zero_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * 0,)
+
+
+OP_FLOOR = defop("floor", _rounding(np.floor), _round_meta, _zero_rule)
+OP_CEIL = defop("ceil", _rounding(np.ceil), _round_meta, _zero_rule)
+OP_ROUND = defop("round", _round_kernel, _round_meta, _zero_rule)
+
+
+def floor(x: Tensor) -> Tensor:
+    """Elementwise floor (gradient 0, as PyTorch; integer tensors are returned unchanged)."""
+    return apply(OP_FLOOR, (x,))
+
+
+def ceil(x: Tensor) -> Tensor:
+    """Elementwise ceiling (gradient 0, as PyTorch; integer tensors are returned unchanged)."""
+    return apply(OP_CEIL, (x,))
+
+
+def round(x: Tensor, *, decimals: int = 0) -> Tensor:
+    """Round half to even, to ``decimals`` decimal places (gradient 0), like ``torch.round``."""
+    return apply(OP_ROUND, (x,), {"decimals": int(decimals)})
+
+
+# ---- exp/log variants, erf, powers ------------------------------------------------------------------
+
+
+def _log1p_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g / (args[0] + 1),)
+
+
+def _expm1_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * (out + 1),)
+
+
+def _erf_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    x = args[0]
+    return (g * (_TWO_OVER_SQRT_PI * xp.exp(-(x * x))),)
+
+
+def _rsqrt_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    # d/dx x^(-1/2) = -1/2 x^(-3/2) = -1/2 out^3
+    return (g * (-0.5 * out * out * out),)
+
+
+def _reciprocal_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (-g * out * out,)
+
+
+def _square_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * (2 * args[0]),)
+
+
+_float_meta = _unary_meta(np.sqrt)  # integers become floats (numpy's choice for a float-valued ufunc)
+
+
+def _erf_kernel(a: np.ndarray) -> np.ndarray:
+    return np.asarray(_erf(a), dtype=_ufunc_dtype(np.sqrt, a.dtype))
+
+
+def _rsqrt_kernel(a: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):  # rsqrt(0) = inf, as PyTorch
+        return np.reciprocal(np.sqrt(a))
+
+
+def _reciprocal_kernel(a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "biu":  # np.reciprocal on integers truncates (1/2 -> 0); PyTorch gives floats
+        a = a.astype(_ufunc_dtype(np.sqrt, a.dtype))
+    with np.errstate(divide="ignore"):
+        return np.reciprocal(a)
+
+
+OP_LOG1P = defop("log1p", np.log1p, _unary_meta(np.log1p), _log1p_rule)
+OP_EXPM1 = defop("expm1", np.expm1, _unary_meta(np.expm1), _expm1_rule, save_out=True)
+OP_ERF = defop("erf", _erf_kernel, _float_meta, _erf_rule)
+OP_RSQRT = defop("rsqrt", _rsqrt_kernel, _float_meta, _rsqrt_rule, save_out=True)
+OP_RECIPROCAL = defop("reciprocal", _reciprocal_kernel, _float_meta, _reciprocal_rule, save_out=True)
+OP_SQUARE = defop("square", np.square, _unary_meta(np.square), _square_rule)
+
+
+def log1p(x: Tensor) -> Tensor:
+    """Elementwise ``log(1 + x)``, accurate for small ``x``."""
+    return apply1(OP_LOG1P, x)
+
+
+def expm1(x: Tensor) -> Tensor:
+    """Elementwise ``exp(x) - 1``, accurate for small ``x``."""
+    return apply1(OP_EXPM1, x)
+
+
+def erf(x: Tensor) -> Tensor:
+    """Elementwise error function."""
+    return apply1(OP_ERF, x)
+
+
+def rsqrt(x: Tensor) -> Tensor:
+    """Elementwise ``1 / sqrt(x)``."""
+    return apply1(OP_RSQRT, x)
+
+
+def reciprocal(x: Tensor) -> Tensor:
+    """Elementwise ``1 / x`` (integers give floats, as PyTorch)."""
+    return apply1(OP_RECIPROCAL, x)
+
+
+def square(x: Tensor) -> Tensor:
+    """Elementwise ``x * x`` (integers stay integers)."""
+    return apply1(OP_SQUARE, x)
+
+
+# ---- lerp ----------------------------------------------------------------------------------------------
+
+
+def _lerp_meta(a: Any, b: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    da, db = _dt(a), _dt(b)
+    if da != db:
+        raise OpError(
+            f"lerp: start and end must have the same dtype, got {da} and {db}; convert one with .to(dtype)"
+        )
+    if da.kind not in "fc":
+        raise OpError(f"lerp: expected floating point tensors, got dtype {da}")
+    shape = broadcast_shapes("lerp", broadcast_shapes("lerp", _sh(a), _sh(b)), _sh(w))
+    return shape, _ufunc_dtype(np.add, da, _dt(w))
+
+
+def _lerp_kernel(a: np.ndarray, b: np.ndarray, w: Any) -> np.ndarray:
+    # PyTorch's formula: exact at both ends (w == 0 gives a, w == 1 gives b)
+    d = b - a
+    return np.asarray(np.where(np.abs(w) < 0.5, a + w * d, b - d * (1 - w)))
+
+
+def _lerp_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    a, b, w = args
+    return (
+        g * (1 - w) if needs[0] else None,
+        g * w if needs[1] else None,
+        g * (b - a) if needs[2] else None,
+    )
+
+
+OP_LERP = defop("lerp", _lerp_kernel, _lerp_meta, _lerp_rule)
+
+
+def lerp(input: Tensor, end: Tensor, weight: Any) -> Tensor:
+    """``input + weight * (end - input)``, with broadcasting; ``weight`` is a number or a tensor."""
+    if not isinstance(end, Tensor):
+        raise TypeError(f"lerp: end must be a Tensor, got {type(end).__name__}")
+    if not isinstance(weight, (Tensor, int, float)):
+        raise TypeError(f"lerp: weight must be a Tensor or a number, got {type(weight).__name__}")
+    return apply(OP_LERP, (input, end, weight))
+
+
+# ---- nan_to_num ----------------------------------------------------------------------------------------
+
+
+def _n2n_meta(a: Tensor, nan: float, posinf: Any, neginf: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return tuple(a.shape), a.dtype
+
+
+def _n2n_kernel(a: np.ndarray, nan: float, posinf: Any, neginf: Any) -> np.ndarray:
+    return np.nan_to_num(a, copy=True, nan=nan, posinf=posinf, neginf=neginf)
+
+
+def _n2n_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    # PyTorch: grad * isfinite(x); replaced values are constants
+    return (xp.where(xp.const(np.isfinite(xp.value(args[0])), g), g, 0),)
+
+
+OP_NAN_TO_NUM = defop("nan_to_num", _n2n_kernel, _n2n_meta, _n2n_rule)
+
+
+def nan_to_num(input: Tensor, nan: float = 0.0, posinf: Any = None, neginf: Any = None) -> Tensor:
+    """Replace NaN with ``nan``, +inf/-inf with ``posinf``/``neginf`` (default: the dtype's extremes)."""
+    return apply(OP_NAN_TO_NUM, (input,), {"nan": float(nan), "posinf": posinf, "neginf": neginf})
+
+
+# ---- predicates (bool results, not differentiable) -----------------------------------------------------
+
+
+def _pred_meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return tuple(a.shape), np.dtype(np.bool_)
+
+
+OP_ISNAN = defop("isnan", np.isnan, _pred_meta)
+OP_ISINF = defop("isinf", np.isinf, _pred_meta)
+OP_ISFINITE = defop("isfinite", np.isfinite, _pred_meta)
+
+
+def isnan(x: Tensor) -> Tensor:
+    """Elementwise: is NaN (a bool tensor)."""
+    return apply1(OP_ISNAN, x)
+
+
+def isinf(x: Tensor) -> Tensor:
+    """Elementwise: is +inf or -inf (a bool tensor)."""
+    return apply1(OP_ISINF, x)
+
+
+def isfinite(x: Tensor) -> Tensor:
+    """Elementwise: is neither NaN nor infinite (a bool tensor)."""
+    return apply1(OP_ISFINITE, x)
+
+
+# ---- whole-tensor comparisons (Python bools; wait for the values) -----------------------------------
+
+
+def _array(op: str, x: Any) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return x._value()
+    raise TypeError(f"{op}: expected Tensors, got {type(x).__name__}")
+
+
+def allclose(input: Tensor, other: Tensor, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether ``|input - other| <= atol + rtol * |other|`` everywhere (with broadcasting), as a bool."""
+    a, b = _array("allclose", input), _array("allclose", other)
+    if a.dtype != b.dtype:
+        raise OpError(
+            f"allclose: tensors must have the same dtype, got {a.dtype} and {b.dtype}; "
+            "convert one with .to(dtype) first"
+        )
+    broadcast_shapes("allclose", a.shape, b.shape)
+    return bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def equal(input: Tensor, other: Tensor) -> bool:
+    """True if both tensors have the same shape and the same elements (NaN is never equal), as a bool."""
+    a, b = _array("equal", input), _array("equal", other)
+    return bool(np.array_equal(a, b))
+
+
+# ---- rule namespaces and Tensor methods ------------------------------------------------------------
+
+
+def _install() -> None:
+    setattr(NP, "sin", staticmethod(np.sin))  # noqa: B010
+    setattr(NP, "cos", staticmethod(np.cos))  # noqa: B010
+    setattr(AG, "sin", staticmethod(sin))  # noqa: B010
+    setattr(AG, "cos", staticmethod(cos))  # noqa: B010
+    T = Tensor
+    for f in (
+        sin, cos, floor, ceil, round, log1p, expm1, erf, rsqrt, reciprocal, square, lerp, nan_to_num,
+        isnan, isinf, isfinite, allclose, equal,
+    ):
+        setattr(T, f.__name__, f)
+
+
+_install()
