@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _promote
 from ._runtime import current_runtime
 from ._tensor import Tensor
 
@@ -21,6 +22,7 @@ def set_default_dtype(dtype: Any) -> None:
     if d.kind != "f":
         raise TypeError(f"the default dtype must be a floating point dtype, got {d}")
     _default_dtype = d
+    _promote.set_default_float(d)
 
 
 def get_default_dtype() -> np.dtype[Any]:
