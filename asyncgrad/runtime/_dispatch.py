@@ -25,10 +25,16 @@ EMPTY: dict[str, Any] = {}
 _node_seq = itertools.count(1)
 
 
+_NUMERIC_DTYPES = [np.dtype(c) for c in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"]]
+_FLOAT_DTYPES = frozenset(d for d in _NUMERIC_DTYPES if d.kind == "f")
+
+
 class Op:
     """A differentiable (or not) operation: kernel, meta and backward rule, registered by name."""
 
-    __slots__ = ("fills_out", "kernel", "meta", "name", "rule", "save_out")
+    __slots__ = (
+        "any_kind", "cast_in", "fast_dtypes", "fast_kinds", "fills_out", "kernel", "meta", "name", "rule", "save_out"
+    )
 
     def __init__(
         self,
@@ -37,12 +43,24 @@ class Op:
         meta: Callable[..., tuple[tuple[int, ...], np.dtype[Any]]],
         rule: Rule | None = None,
         save_out: bool = False,
+        cast_in: bool = False,
+        fast_kinds: str = "",
     ) -> None:
         self.name = name
         self.kernel = kernel
         self.meta = meta
         self.rule = rule
         self.save_out = save_out
+        # the kernel computes in the result dtype: array operands of another dtype are cast first
+        # (int / 2 divides in float32 like PyTorch, instead of in float64 and casting the result)
+        self.cast_in = cast_in
+        # elementwise ops (`apply1`/`apply2`): the dtype kinds for which the kernel, given operands of
+        # one dtype (or a Python int/bool, or for "f"/"c" any Python number), already returns PyTorch's
+        # result dtype, so the inline fast paths may skip the meta function
+        self.fast_kinds = fast_kinds
+        # the same as dtypes: a set lookup costs half of `dtype.kind in fast_kinds` on the per-op path
+        self.fast_dtypes = frozenset(d for d in _NUMERIC_DTYPES if d.kind in fast_kinds)
+        self.any_kind = fast_kinds == "biufc"  # then same-dtype operands skip the dtype test
         # a ufunc can write a large result into a buffer from the lane's host cache (see `_enqueue`)
         self.fills_out = isinstance(kernel, np.ufunc)
 
@@ -60,11 +78,13 @@ def defop(
     rule: Rule | None = None,
     *,
     save_out: bool = False,
+    cast_in: bool = False,
+    fast_kinds: str = "",
 ) -> Op:
     """Register an op in the table (one entry per name; rules live next to their forwards)."""
     if name in OPS:
         raise ValueError(f"op {name!r} is already registered")
-    op = OPS[name] = Op(name, kernel, meta, rule, save_out)
+    op = OPS[name] = Op(name, kernel, meta, rule, save_out, cast_in, fast_kinds)
     return op
 
 
@@ -267,14 +287,20 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
     if dev is None:
         raise TypeError(f"{op.name}: expected at least one Tensor argument")
     shape, dtype = op.meta(*args, **kw)
+    kernel = _cast_kernel(op.kernel, args, dtype) if op.cast_in else op.kernel
     stream = None
     # inline needs only ready inputs: a new output cannot race with queued work (in-place updates mark
     # their tensor pending, so readers of it queue behind them)
     if ready and math.prod(shape) <= INLINE_MAX_ELEMENTS:
-        out = T._wrap(op.kernel(*[a._data if isinstance(a, T) else a for a in args], **kw), dev)
+        res = kernel(*[a._data if isinstance(a, T) else a for a in args], **kw)
+        # the meta dtype is the result's (PyTorch's promotion), whatever numpy would have given
+        rd = res.dtype
+        if rd is not dtype and rd != dtype:
+            res = res.astype(dtype)
+        out = T._wrap(res, dev)
     else:
         stream = current_stream(dev)
-        out = _enqueue(op, args, kw, shape, dtype, dev, stream, T)
+        out = _enqueue(op, kernel, args, kw, shape, dtype, dev, stream, T)
     if rg and op.rule is not None and _grad_mode._grad_enabled.get():
         node = OpNode(op, args, kw, stream)
         if op.save_out:
@@ -285,6 +311,34 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
 
 
 _SCALARS = (int, float, bool)
+_INT_SCALARS = (int, bool)
+
+
+def _cast_kernel(kernel: Callable[..., Any], args: tuple[Any, ...], dtype: np.dtype[Any]) -> Callable[..., Any]:
+    """``kernel``, computing in ``dtype``: array (and numpy scalar) operands of another dtype are cast first.
+
+    Python numbers stay as they are (numpy treats them as weakly typed, like PyTorch's wrapped numbers)."""
+    for a in args:
+        if type(a) in _SCALARS:
+            continue
+        d = a._dtype if isinstance(a, Tensor) else getattr(a, "dtype", None)
+        if d is not None and d is not dtype and d != dtype:
+            break
+    else:
+        return kernel
+    if isinstance(kernel, np.ufunc):
+        # "unsafe": a lower-priority operand converts even across kinds (uint8 tensor + zero-dim int8
+        # is uint8 in PyTorch, the int8 value wrapping), as PyTorch's conversion does
+        ufunc = kernel
+        return lambda *xs, **kw: ufunc(*xs, dtype=dtype, casting="unsafe", **kw)
+
+    def cast(*xs: Any, **kw: Any) -> Any:
+        return kernel(
+            *[x.astype(dtype) if isinstance(x, (np.ndarray, np.generic)) and x.dtype != dtype else x for x in xs],
+            **kw,
+        )
+
+    return cast
 
 
 def apply1(op: Op, a: Any) -> Any:
@@ -294,7 +348,12 @@ def apply1(op: Op, a: Any) -> Any:
         _no_runtime(op)
     s = a._stream
     data = a._data
-    if (s is None or s._completed >= a._seq) and data is not None and data.size <= INLINE_MAX_ELEMENTS:
+    if (
+        (s is None or s._completed >= a._seq)
+        and data is not None
+        and data.size <= INLINE_MAX_ELEMENTS
+        and (op.any_kind or a._dtype in op.fast_dtypes)  # else the meta decides (sqrt of an int: float32)
+    ):
         out = Tensor._wrap(op.kernel(data), a._dev)
         if a._rg and op.rule is not None and _grad_mode._grad_enabled.get():
             node = OpNode.__new__(OpNode)
@@ -308,7 +367,8 @@ def apply1(op: Op, a: Any) -> Any:
 
 
 def apply2(op: Op, a: Any, b: Any) -> Any:
-    """`apply` for a binary elementwise op: inline when both operands are ready, small and same-shaped."""
+    """`apply` for a binary elementwise op: inline when both operands are ready, small and same-shaped,
+    of one dtype (or a tensor and a Python number) for which numpy's result dtype is PyTorch's."""
     rt = _current.get()
     if rt is None or rt.closed:
         _no_runtime(op)
@@ -318,6 +378,8 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
             s, t = a._stream, b._stream
             if (
                 a._shape == b._shape
+                and a._dtype is b._dtype
+                and (op.any_kind or a._dtype in op.fast_dtypes)
                 and a._dev is b._dev
                 and (s is None or s._completed >= a._seq)
                 and (t is None or t._completed >= b._seq)
@@ -332,7 +394,12 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 return out
         elif type(b) in _SCALARS:
             s = a._stream
-            if (s is None or s._completed >= a._seq) and a._data is not None and a._data.size <= INLINE_MAX_ELEMENTS:
+            if (
+                (s is None or s._completed >= a._seq)
+                and a._data is not None
+                and a._data.size <= INLINE_MAX_ELEMENTS
+                and (a._dtype in _FLOAT_DTYPES or _scalar_fast(op, a._dtype.kind, b))
+            ):
                 out = T._wrap(op.kernel(a._data, b), a._dev)
                 if a._rg and op.rule is not None and _grad_mode._grad_enabled.get():
                     node = OpNode.__new__(OpNode)
@@ -342,7 +409,12 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 return out
     elif type(b) is T and type(a) in _SCALARS:
         s = b._stream
-        if (s is None or s._completed >= b._seq) and b._data is not None and b._data.size <= INLINE_MAX_ELEMENTS:
+        if (
+            (s is None or s._completed >= b._seq)
+            and b._data is not None
+            and b._data.size <= INLINE_MAX_ELEMENTS
+            and (b._dtype in _FLOAT_DTYPES or _scalar_fast(op, b._dtype.kind, a))
+        ):
             out = T._wrap(op.kernel(a, b._data), b._dev)
             if b._rg and op.rule is not None and _grad_mode._grad_enabled.get():
                 out._grad_fn = OpNode(op, (a, b), EMPTY, None)
@@ -351,8 +423,16 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
     return apply(op, (a, b))
 
 
+def _scalar_fast(op: Op, kind: str, x: Any) -> bool:
+    """Whether numpy gives PyTorch's dtype for a tensor of a non-float dtype kind and a Python number:
+    only an int or bool number with an int or bool tensor (int + 0.5 is float32 in PyTorch, float64 in
+    numpy; a float tensor, tested first, meets any Python number as itself)."""
+    return kind in op.fast_kinds and (kind == "c" or type(x) in _INT_SCALARS)
+
+
 def _enqueue(
     op: Op,
+    kernel: Callable[..., Any],
     args: tuple[Any, ...],
     kw: dict[str, Any],
     shape: tuple[int, ...],
@@ -365,7 +445,6 @@ def _enqueue(
         if isinstance(a, T):
             wait_for(a, stream)
     out = T._pending(shape, dtype, dev, stream)
-    kernel = op.kernel
     if op.fills_out and math.prod(shape) * dtype.itemsize >= HOST_CACHE_MIN_BYTES:
 
         def job() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _promote
 from ._runtime import current_runtime
 from ._tensor import Tensor
 
@@ -23,6 +24,7 @@ def set_default_dtype(dtype: Any) -> None:
     if d.kind != "f":
         raise TypeError(f"the default dtype must be a floating point dtype, got {d}")
     _default_dtype = d
+    _promote.set_default_float(d)
 
 
 def get_default_dtype() -> np.dtype[Any]:
@@ -84,15 +86,59 @@ def tensor(data: Any, dtype: Any = None, device: Any = "cpu", requires_grad: boo
         data = data.numpy()
     if dtype is None:
         arr = np.array(data, copy=True)
-        if arr.dtype == np.float64 and not isinstance(data, np.ndarray) and not _has_numpy_float64(data):
-            arr = arr.astype(_default_dtype)
+        # numpy and PyTorch infer the same bool and integer dtypes; floats differ (a Python float is
+        # float64 to numpy, the default dtype to PyTorch; a numpy scalar keeps its dtype in both)
+        if arr.dtype.kind in "fc" and not isinstance(data, np.ndarray):
+            dt = _infer_dtype(data)
+            if dt != arr.dtype:
+                arr = arr.astype(dt)
     else:
         arr = np.array(data, dtype=np.dtype(dtype), copy=True)
     return _finish(arr, device, requires_grad, "asyncgrad.tensor")
 
 
-def _has_numpy_float64(data: Any) -> bool:
-    return isinstance(data, np.floating) and data.dtype == np.float64
+_SEQ = (list, tuple)
+_PY_LEAVES = frozenset((bool, int, float, complex))
+
+
+def _infer_dtype(data: Any) -> np.dtype[Any]:
+    """The dtype ``torch.tensor(data)`` infers: the promotion (torch.promote_types) of its elements'
+    dtypes, where Python bool/int/float/complex are bool/int64/default float/default complex and numpy
+    scalars, arrays and tensors keep their own dtypes."""
+    found: set[Any] = set()
+    _collect(data, found)
+    dt: np.dtype[Any] | None = None
+    for t in found:
+        d = _leaf_dtype(t)
+        dt = d if dt is None else _promote.promote_types(dt, d)
+    return _default_dtype if dt is None else dt  # an empty list: the default dtype, like PyTorch
+
+
+def _collect(x: Any, found: set[Any]) -> None:
+    """Add to ``found`` the Python scalar types and the dtypes of everything else under ``x``."""
+    if type(x) in _SEQ:
+        types = set(map(type, x))
+        if types <= _PY_LEAVES:  # a flat list of Python numbers: one pass in C
+            found |= types
+            return
+        for e in x:
+            _collect(e, found)
+    elif type(x) in _PY_LEAVES:
+        found.add(type(x))
+    elif isinstance(x, (np.ndarray, np.generic, Tensor)):
+        found.add(np.dtype(x.dtype))
+    else:
+        found.add(np.asarray(x).dtype)
+
+
+def _leaf_dtype(t: Any) -> np.dtype[Any]:
+    if isinstance(t, np.dtype):
+        return t
+    if t is float:
+        return _default_dtype
+    if t is complex:
+        return _promote.result_type(1j)
+    return np.dtype(np.bool_) if t is bool else np.dtype(np.int64)
 
 
 def from_numpy(arr: np.ndarray) -> Tensor:
@@ -126,7 +172,11 @@ def full(
 ) -> Tensor:
     """A tensor filled with ``fill_value``."""
     if dtype is None:
-        dtype = _default_dtype if isinstance(fill_value, float) else np.asarray(fill_value).dtype
+        # PyTorch's dtype of a wrapped number: bool, int64 (numpy ints too), the default float / complex
+        if isinstance(fill_value, (bool, int, float, complex, np.generic)):
+            dtype = _promote.result_type(fill_value)
+        else:
+            dtype = np.asarray(fill_value).dtype
     return _finish(np.full(_shape((size,)), fill_value, np.dtype(dtype)), device, requires_grad, "asyncgrad.full")
 
 

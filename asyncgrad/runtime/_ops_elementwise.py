@@ -12,28 +12,21 @@ import numpy as np
 
 from ..devices import lane_empty
 from ._dispatch import EMPTY, Op, OpError, apply, apply1, apply2, broadcast_shapes, defop
+from ._promote import result_type, result_type2, to_float
 from ._tensor import Tensor
 from ._xp import NP
 
-_udtype: dict[tuple[Any, Any, Any], np.dtype[Any]] = {}
+_udtype: dict[tuple[Any, Any], np.dtype[Any]] = {}
 
 
-def _ufunc_dtype(ufunc: Any, *dts: Any) -> np.dtype[Any]:
-    """The dtype numpy gives ``ufunc`` for these input dtypes / Python scalars (NEP 50), cached."""
-    key = (ufunc, *(d if isinstance(d, np.dtype) else type(d) for d in dts))
+def _ufunc_dtype(ufunc: Any, dt: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype numpy gives unary ``ufunc`` for input dtype ``dt`` (cached); for ops that keep their
+    input's dtype, numpy and PyTorch agree (it raises where PyTorch does, e.g. negating a bool)."""
+    key = (ufunc, dt)
     r = _udtype.get(key)
     if r is None:
-        probe = [np.empty(0, d) if isinstance(d, np.dtype) else d for d in dts]
-        r = _udtype[key] = ufunc(*probe).dtype
+        r = _udtype[key] = ufunc(np.empty(0, dt)).dtype
     return r
-
-
-def _binary_dtype(ufunc: Any, da: Any, db: Any) -> np.dtype[Any]:
-    """`_ufunc_dtype` for two operands, building the same cache key without a generator (once per op)."""
-    r = _udtype.get(
-        (ufunc, da if isinstance(da, np.dtype) else type(da), db if isinstance(db, np.dtype) else type(db))
-    )
-    return r if r is not None else _ufunc_dtype(ufunc, da, db)
 
 
 def _dt(x: Any) -> Any:
@@ -56,17 +49,53 @@ _PY_SCALARS = frozenset((int, float, bool, complex))
 
 
 def _unary_meta(ufunc: Any) -> Any:
+    """Meta of a unary op that keeps its input's dtype (neg, abs, sign, relu)."""
+
     def meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
         return a._shape, _ufunc_dtype(ufunc, a._dtype)
 
     return meta
 
 
-def _binary_meta(name: str, ufunc: Any) -> Any:
-    def meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
-        return broadcast_shapes(name, _sh(a), _sh(b)), _binary_dtype(ufunc, _dt(a), _dt(b))
+def _same_dtype_meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return a._shape, a._dtype
 
-    return meta
+
+def _float_unary_meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Meta of a unary op that computes in floating point (exp, log, sqrt, ...): bool and integer
+    inputs give the default float dtype, float32 (PyTorch; numpy gives float64)."""
+    return a._shape, to_float(a._dtype)
+
+
+def _binary_meta(name: str, kind: str = "") -> Any:
+    """Meta of a binary op; ``kind``: "float" (true division: integers give the default float dtype),
+    "bool" (comparisons), "pow" (no bool), or "" (the promoted dtype, PyTorch's result_type)."""
+
+    def meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+        return broadcast_shapes(name, _sh(a), _sh(b)), result_type2(a, b)
+
+    def float_meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+        return broadcast_shapes(name, _sh(a), _sh(b)), to_float(result_type2(a, b))
+
+    def bool_meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+        result_type2(a, b)  # rejects operands that are neither tensors nor numbers
+        return broadcast_shapes(name, _sh(a), _sh(b)), _BOOL
+
+    def pow_meta(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+        dt = result_type2(a, b)
+        # PyTorch has no bool pow kernel; only a bool tensor to a Python bool power works (numpy's
+        # result, int8, is cast back)
+        if dt == _BOOL and not (isinstance(a, Tensor) and type(b) is bool):
+            raise OpError("pow: not implemented for bool tensors; convert with .to(dtype) first")
+        return broadcast_shapes(name, _sh(a), _sh(b)), dt
+
+    return {"": meta, "float": float_meta, "bool": bool_meta, "pow": pow_meta}[kind]
+
+
+_BOOL = np.dtype(np.bool_)
+# dtype kinds for which numpy's own result dtype is PyTorch's (see `Op.fast_kinds`)
+_ALL_KINDS = "biufc"
+_FLOAT_KINDS = "fc"
 
 
 def _zero_like(xp: Any, g: Any) -> Any:
@@ -127,14 +156,20 @@ def _true_divide(a: Any, b: Any) -> Any:
     return np.true_divide(a, b)
 
 
-OP_ADD = defop("add", np.add, _binary_meta("add", np.add), _add_rule)
-OP_SUB = defop("sub", np.subtract, _binary_meta("sub", np.subtract), _sub_rule)
-OP_MUL = defop("mul", np.multiply, _binary_meta("mul", np.multiply), _mul_rule)
-OP_DIV = defop("div", np.true_divide, _binary_meta("div", np.true_divide), _div_rule)
-OP_POW = defop("pow", np.power, _binary_meta("pow", np.power), _pow_rule)
-OP_REMAINDER = defop("remainder", np.remainder, _binary_meta("remainder", np.remainder), _remainder_rule)
+OP_ADD = defop("add", np.add, _binary_meta("add"), _add_rule, cast_in=True, fast_kinds=_ALL_KINDS)
+OP_SUB = defop("sub", np.subtract, _binary_meta("sub"), _sub_rule, cast_in=True, fast_kinds=_ALL_KINDS)
+OP_MUL = defop("mul", np.multiply, _binary_meta("mul"), _mul_rule, cast_in=True, fast_kinds=_ALL_KINDS)
+OP_DIV = defop(
+    "div", np.true_divide, _binary_meta("div", "float"), _div_rule, cast_in=True, fast_kinds=_FLOAT_KINDS
+)
+OP_POW = defop("pow", np.power, _binary_meta("pow", "pow"), _pow_rule, cast_in=True, fast_kinds="iufc")
+OP_REMAINDER = defop(
+    "remainder", np.remainder, _binary_meta("remainder"), _remainder_rule, cast_in=True, fast_kinds="iuf"
+)
 # piecewise constant: no gradient flows (PyTorch has no derivative for it either)
-OP_FLOOR_DIVIDE = defop("floor_divide", np.floor_divide, _binary_meta("floor_divide", np.floor_divide))
+OP_FLOOR_DIVIDE = defop(
+    "floor_divide", np.floor_divide, _binary_meta("floor_divide"), None, cast_in=True, fast_kinds="iuf"
+)
 
 
 def _maxmin_rule(greater: bool) -> Any:
@@ -150,8 +185,12 @@ def _maxmin_rule(greater: bool) -> Any:
     return rule
 
 
-OP_MAXIMUM = defop("maximum", np.maximum, _binary_meta("maximum", np.maximum), _maxmin_rule(True))
-OP_MINIMUM = defop("minimum", np.minimum, _binary_meta("minimum", np.minimum), _maxmin_rule(False))
+OP_MAXIMUM = defop(
+    "maximum", np.maximum, _binary_meta("maximum"), _maxmin_rule(True), cast_in=True, fast_kinds=_ALL_KINDS
+)
+OP_MINIMUM = defop(
+    "minimum", np.minimum, _binary_meta("minimum"), _maxmin_rule(False), cast_in=True, fast_kinds=_ALL_KINDS
+)
 
 
 def _check_operand(name: str, x: Any) -> Any:
@@ -259,18 +298,39 @@ def _sigmoid_kernel(a: np.ndarray) -> np.ndarray:
 def _relu_kernel(a: np.ndarray) -> np.ndarray:
     if a.dtype.kind == "f" and a.flags.c_contiguous:
         return np.maximum(a, 0, out=lane_empty(a.shape, a.dtype))
+    if a.dtype.kind == "b":  # the inline fast path skips the meta; numpy would give int64
+        raise _relu_bool()
     return np.maximum(a, 0)
 
 
-OP_NEG = defop("neg", np.negative, _unary_meta(np.negative), _neg_rule)
-OP_EXP = defop("exp", np.exp, _unary_meta(np.exp), _exp_rule, save_out=True)
-OP_LOG = defop("log", np.log, _unary_meta(np.log), _log_rule)
-OP_TANH = defop("tanh", np.tanh, _unary_meta(np.tanh), _tanh_rule, save_out=True)
-OP_SIGMOID = defop("sigmoid", _sigmoid_kernel, _unary_meta(np.tanh), _sigmoid_rule, save_out=True)
-OP_RELU = defop("relu", _relu_kernel, _unary_meta(np.negative), _relu_rule)
-OP_SQRT = defop("sqrt", np.sqrt, _unary_meta(np.sqrt), _sqrt_rule, save_out=True)
-OP_ABS = defop("abs", np.abs, _unary_meta(np.abs), _abs_rule)
-OP_SIGN = defop("sign", np.sign, _unary_meta(np.sign))
+def _sign_kernel(a: np.ndarray) -> np.ndarray:
+    return a.copy() if a.dtype == _BOOL else np.sign(a)  # numpy has no bool sign; PyTorch's is the identity
+
+
+def _relu_bool() -> OpError:
+    return OpError("relu: not implemented for bool tensors (like PyTorch); convert with .to(dtype) first")
+
+
+def _relu_meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if a._dtype.kind == "b":
+        raise _relu_bool()
+    return a._shape, a._dtype
+
+
+# exp, log, tanh, sigmoid, sqrt compute bool and integer inputs in the default float dtype (cast first);
+# neg, abs, sign, relu keep their input's dtype (numpy agrees for every dtype kind)
+_F = _FLOAT_KINDS
+OP_NEG = defop("neg", np.negative, _unary_meta(np.negative), _neg_rule, fast_kinds=_ALL_KINDS)
+OP_EXP = defop("exp", np.exp, _float_unary_meta, _exp_rule, save_out=True, cast_in=True, fast_kinds=_F)
+OP_LOG = defop("log", np.log, _float_unary_meta, _log_rule, cast_in=True, fast_kinds=_F)
+OP_TANH = defop("tanh", np.tanh, _float_unary_meta, _tanh_rule, save_out=True, cast_in=True, fast_kinds=_F)
+OP_SIGMOID = defop(
+    "sigmoid", _sigmoid_kernel, _float_unary_meta, _sigmoid_rule, save_out=True, cast_in=True, fast_kinds=_F
+)
+OP_RELU = defop("relu", _relu_kernel, _relu_meta, _relu_rule, fast_kinds=_ALL_KINDS)
+OP_SQRT = defop("sqrt", np.sqrt, _float_unary_meta, _sqrt_rule, save_out=True, cast_in=True, fast_kinds=_F)
+OP_ABS = defop("abs", np.abs, _unary_meta(np.abs), _abs_rule, fast_kinds=_ALL_KINDS)
+OP_SIGN = defop("sign", _sign_kernel, _same_dtype_meta, fast_kinds=_ALL_KINDS)
 
 
 def neg(x: Tensor) -> Tensor:
@@ -325,7 +385,9 @@ def _where_meta(c: Any, a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]
     if isinstance(c, (Tensor, np.ndarray)) and _dt(c) != np.bool_:
         raise OpError(f"where: condition must have dtype bool, got {_dt(c)}; compare first, e.g. x > 0")
     shape = broadcast_shapes("where", broadcast_shapes("where", _sh(c), _sh(a)), _sh(b))
-    return shape, _ufunc_dtype(np.add, _dt(a), _dt(b))
+    # PyTorch's result_type of x and y (where(mask, 1.0, 0.0) is float32); np.where picks and the
+    # dispatcher casts the pick, which equals picking from cast operands
+    return shape, result_type(a, b)
 
 
 def _where_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
@@ -434,7 +496,7 @@ OP_TO: Op = defop("to", lambda a: a, _same_meta, _to_rule)
 
 
 def _cmp(name: str, ufunc: Any) -> Any:
-    op = defop(name, ufunc, _binary_meta(name, ufunc))
+    op = defop(name, ufunc, _binary_meta(name, "bool"), fast_kinds=_ALL_KINDS)
 
     def f(a: Any, b: Any) -> Tensor:
         return apply2(op, a, b)

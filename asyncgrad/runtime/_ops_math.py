@@ -17,7 +17,7 @@ import numpy as np
 
 from ._dispatch import OpError, apply, apply1, broadcast_shapes, defop
 from ._ops_act import _erf
-from ._ops_elementwise import _dt, _sh, _ufunc_dtype, _unary_meta
+from ._ops_elementwise import _dt, _float_unary_meta, _sh, _ufunc_dtype, _unary_meta
 from ._tensor import Tensor
 from ._xp import AG, NP
 
@@ -35,8 +35,8 @@ def _cos_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
     return (-g * xp.sin(args[0]),)
 
 
-OP_SIN = defop("sin", np.sin, _unary_meta(np.sin), _sin_rule)
-OP_COS = defop("cos", np.cos, _unary_meta(np.cos), _cos_rule)
+OP_SIN = defop("sin", np.sin, _float_unary_meta, _sin_rule, cast_in=True, fast_kinds="fc")
+OP_COS = defop("cos", np.cos, _float_unary_meta, _cos_rule, cast_in=True, fast_kinds="fc")
 
 
 def sin(x: Tensor) -> Tensor:
@@ -125,7 +125,7 @@ def _square_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> t
     return (g * (2 * args[0]),)
 
 
-_float_meta = _unary_meta(np.sqrt)  # integers become floats (numpy's choice for a float-valued ufunc)
+_float_meta = _float_unary_meta  # bool and integers give the default float dtype, as in PyTorch
 
 
 def _erf_kernel(a: np.ndarray) -> np.ndarray:
@@ -144,11 +144,15 @@ def _reciprocal_kernel(a: np.ndarray) -> np.ndarray:
         return np.reciprocal(a)
 
 
-OP_LOG1P = defop("log1p", np.log1p, _unary_meta(np.log1p), _log1p_rule)
-OP_EXPM1 = defop("expm1", np.expm1, _unary_meta(np.expm1), _expm1_rule, save_out=True)
-OP_ERF = defop("erf", _erf_kernel, _float_meta, _erf_rule)
-OP_RSQRT = defop("rsqrt", _rsqrt_kernel, _float_meta, _rsqrt_rule, save_out=True)
-OP_RECIPROCAL = defop("reciprocal", _reciprocal_kernel, _float_meta, _reciprocal_rule, save_out=True)
+OP_LOG1P = defop("log1p", np.log1p, _float_meta, _log1p_rule, cast_in=True, fast_kinds="fc")
+OP_EXPM1 = defop(
+    "expm1", np.expm1, _float_meta, _expm1_rule, save_out=True, cast_in=True, fast_kinds="fc"
+)
+OP_ERF = defop("erf", _erf_kernel, _float_meta, _erf_rule, cast_in=True)
+OP_RSQRT = defop("rsqrt", _rsqrt_kernel, _float_meta, _rsqrt_rule, save_out=True, cast_in=True)
+OP_RECIPROCAL = defop(
+    "reciprocal", _reciprocal_kernel, _float_meta, _reciprocal_rule, save_out=True, cast_in=True
+)
 OP_SQUARE = defop("square", np.square, _unary_meta(np.square), _square_rule)
 
 
@@ -194,7 +198,7 @@ def _lerp_meta(a: Any, b: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
     if da.kind not in "fc":
         raise OpError(f"lerp: expected floating point tensors, got dtype {da}")
     shape = broadcast_shapes("lerp", broadcast_shapes("lerp", _sh(a), _sh(b)), _sh(w))
-    return shape, _ufunc_dtype(np.add, da, _dt(w))
+    return shape, da  # a number weight keeps the tensors' dtype, as in PyTorch
 
 
 def _lerp_kernel(a: np.ndarray, b: np.ndarray, w: Any) -> np.ndarray:

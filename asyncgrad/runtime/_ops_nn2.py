@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ._dispatch import OpError, apply, broadcast_shapes, defop
-from ._ops_elementwise import _ufunc_dtype
 from ._ops_reduce import _expand_back, _norm_axes, _reduced_shape
+from ._promote import result_type, to_float
 from ._tensor import Tensor
 from ._xp import NP
 
@@ -256,8 +256,8 @@ def _lse_kernel(x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
 
 
 def _lse_meta(x: Tensor, axis: Any, keepdims: bool) -> Any:
-    _float_check("logsumexp", x)
-    return _reduced_shape(x.shape, axis, keepdims), x.dtype
+    # bool and integer inputs compute in the default float dtype, like PyTorch's
+    return _reduced_shape(x.shape, axis, keepdims), to_float(x.dtype)
 
 
 def _lse_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
@@ -268,7 +268,7 @@ def _lse_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
     return (gb * xp.exp(x - ob),)
 
 
-OP_LOGSUMEXP = defop("logsumexp", _lse_kernel, _lse_meta, _lse_rule, save_out=True)
+OP_LOGSUMEXP = defop("logsumexp", _lse_kernel, _lse_meta, _lse_rule, save_out=True, cast_in=True)
 
 
 def logsumexp(input: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
@@ -282,24 +282,16 @@ def logsumexp(input: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
 # ---- clamp ---------------------------------------------------------------------------------------------
 
 
-def _dt(v: Any) -> Any:
-    if isinstance(v, Tensor):
-        return v.dtype
-    if isinstance(v, np.ndarray):
-        return v.dtype
-    return v
-
-
 def _clamp_meta(x: Tensor, lo: Any, hi: Any) -> Any:
     shape = x.shape
-    dt = x.dtype
     for v in (lo, hi):
         if v is not None:
             shape = broadcast_shapes(
                 "clamp", shape, tuple(np.shape(v) if not isinstance(v, Tensor) else v.shape)
             )
-            dt = _ufunc_dtype(np.maximum, dt, _dt(v))
-    return shape, dt
+    # PyTorch's result_type of input, min and max (an int tensor clamped to 0.5 is float32); the kernel
+    # picks with numpy and the dispatcher casts the pick, which equals picking from cast operands
+    return shape, result_type(x, lo, hi)
 
 
 def _clamp_kernel(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:

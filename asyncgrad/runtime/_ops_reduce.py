@@ -49,14 +49,22 @@ def _expand_back(xp: Any, g: Any, shape: tuple[int, ...], axis: Any, keepdims: b
     return xp.broadcast_to(g, shape)
 
 
-_sum_dt: dict[Any, np.dtype[Any]] = {}
+_INT64 = np.dtype(np.int64)
+
+
+def _sum_dtype(dt: np.dtype[Any]) -> np.dtype[Any]:
+    """PyTorch sums bool and integer tensors (uint8 included; numpy gives uint64) in int64."""
+    return _INT64 if dt.kind in "biu" else dt
 
 
 def _sum_meta(a: Tensor, axis: Any, keepdims: bool) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    dt = _sum_dt.get(a._dtype)
-    if dt is None:
-        dt = _sum_dt[a._dtype] = np.sum(np.zeros(1, a._dtype)).dtype
-    return _reduced_shape(a._shape, axis, keepdims), dt
+    return _reduced_shape(a._shape, axis, keepdims), _sum_dtype(a._dtype)
+
+
+def _sum_kernel(a: np.ndarray, axis: Any, keepdims: bool) -> Any:
+    if a.dtype.kind in "biu":
+        return np.sum(a, axis=axis, keepdims=keepdims, dtype=_INT64)
+    return np.sum(a, axis=axis, keepdims=keepdims)
 
 
 def _sum_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
@@ -81,7 +89,7 @@ def _mean_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     return (_expand_back(xp, g, x.shape, kw["axis"], kw["keepdims"]) / n,)
 
 
-OP_SUM = defop("sum", lambda a, axis, keepdims: np.sum(a, axis=axis, keepdims=keepdims), _sum_meta, _sum_rule)
+OP_SUM = defop("sum", _sum_kernel, _sum_meta, _sum_rule)
 OP_MEAN = defop(
     "mean", lambda a, axis, keepdims: np.mean(a, axis=axis, keepdims=keepdims), _mean_meta, _mean_rule
 )

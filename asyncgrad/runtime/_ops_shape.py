@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ._dispatch import OpError, apply, defop
+from ._promote import result_type
 from ._tensor import Tensor
 from ._xp import _index_add
 
@@ -182,8 +183,8 @@ def _concat_meta(*xs: Tensor, axis: int) -> tuple[tuple[int, ...], np.dtype[Any]
             )
     shape = list(first)
     shape[axis] = sum(t._shape[axis] for t in xs)
-    dt = np.result_type(*[t._dtype for t in xs])
-    return tuple(shape), dt
+    # PyTorch's promotion (an int64 and a float32 tensor join as float32; numpy would give float64)
+    return tuple(shape), result_type(*xs)
 
 
 def _concat_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:

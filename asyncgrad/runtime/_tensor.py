@@ -10,7 +10,7 @@ import numpy as np
 import trio
 
 from ..devices import Device, Stream
-from . import _dispatch, _grad_mode
+from . import _dispatch, _grad_mode, _promote
 from ._runtime import _task_streams, current_runtime
 
 _INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
@@ -642,6 +642,7 @@ def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
 
 
 _dispatch.Tensor = Tensor  # type: ignore[attr-defined]
+_promote.Tensor = Tensor  # type: ignore[attr-defined]
 
 # bound here, below Tensor, because both import this module: a function-level import costs ~1.5 us per call
 # on the per-op path
