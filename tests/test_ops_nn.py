@@ -702,3 +702,27 @@ async def test_second_derivatives(name: str) -> None:
     async with ag.open_runtime():
         fn, ins = _second_cases(np.random.default_rng(42))[name]
         await _fd2(fn, *ins)
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
+async def test_all_targets_ignored_gives_nan_loss_and_zero_gradient(rt: Any, loss: str) -> None:
+    """A fully padded batch: the mean over no targets is NaN (0/0), but the gradient is 0, as in PyTorch,
+    so one such batch cannot put NaN into the parameters."""
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 3)), requires_grad=True)
+    t = ag.tensor([-100, -100])
+    out = getattr(ag, loss)(x, t)
+    assert np.isnan(out.item())
+    await out.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros((2, 3)))
+
+
+async def test_embedding_rejects_negative_indices(rt: Any) -> None:
+    w = ag.tensor(np.ones((4, 2)))
+    with pytest.raises(IndexError, match=r"embedding: index out of range in self: indices must be in \[0, 4\)"):
+        ag.embedding(ag.tensor([0, -1]), w).numpy()
+
+
+async def test_matmul_of_mixed_dtypes_is_an_error(rt: Any) -> None:
+    a, b = ag.ones(2, 3, dtype="float32"), ag.ones(3, 2, dtype="float64")
+    with pytest.raises(ValueError, match=r"matmul: expected both operands to have the same dtype, got float32"):
+        a @ b

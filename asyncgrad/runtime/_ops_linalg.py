@@ -61,7 +61,12 @@ def _matmul_meta_uncached(a: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any
         out = out[:-1]
     da = a._dtype if isinstance(a, Tensor) else a.dtype
     db = b._dtype if isinstance(b, Tensor) else b.dtype
-    return tuple(out), np.result_type(da, db)
+    if da != db:  # PyTorch does not promote in matmul either: a silent float64 product would hide a bug
+        raise OpError(
+            f"matmul: expected both operands to have the same dtype, got {da} (shape {tuple(sa)}) and {db} "
+            f"(shape {tuple(sb)}); convert one with .to(dtype)"
+        )
+    return tuple(out), np.dtype(da)
 
 
 def _matmul_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:

@@ -64,8 +64,11 @@ def _emb_meta(w: Tensor, idx: Any, padding_idx: Any, scale_grad_by_freq: bool) -
 
 def _emb_kernel(w: np.ndarray, idx: np.ndarray, padding_idx: Any, scale_grad_by_freq: bool) -> np.ndarray:
     n = w.shape[0]
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        raise IndexError(f"embedding: index out of range in self (num_embeddings = {n})")
+    if idx.size and (idx.min() < 0 or idx.max() >= n):  # no negative indices either, as in PyTorch
+        raise IndexError(
+            f"embedding: index out of range in self: indices must be in [0, {n}), got "
+            f"min {idx.min()} and max {idx.max()}"
+        )
     return np.take(w, idx, axis=0)
 
 
@@ -779,8 +782,9 @@ def _ce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
         a = np.broadcast_to(np.asarray(a, dt), tg.ts.shape)
         bd = (ls / c) * wb * (1 if vm is None else vm[:, None])
     if reduction == "mean":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = g / tg.denom
+        # every target ignored: the loss is 0/0 = NaN, and its gradient 0, as in PyTorch (a fully padded
+        # batch must not put NaN into the parameters)
+        r = g / tg.denom if tg.denom != 0 else g * 0
     else:
         r = g if reduction == "sum" else xp.expand_dims(g, 1)
     if xp is NP:  # fused, in place
@@ -895,8 +899,7 @@ def _nll_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
     tg = _Targets(xp.value(t), c, None if w is None else xp.value(w), kw["ignore_index"], dt)
     coef = -np.ones(tg.ts.shape, dt) if tg.wt is None else -tg.wt
     if kw["reduction"] == "mean":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            coef = coef / tg.denom
+        coef = coef / tg.denom if tg.denom != 0 else coef * 0  # all ignored: gradient 0 (PyTorch)
     b = np.zeros((tg.ts.shape[0], c, *tg.ts.shape[1:]), dt)
     b[tg.idx] = coef
     r = xp.expand_dims(g, 1) if kw["reduction"] == "none" else g
