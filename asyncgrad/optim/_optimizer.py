@@ -277,4 +277,6 @@ class Optimizer:
                     g[k] = v
 
 
-_TENSOR_KEYS = frozenset({"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"})
+_TENSOR_KEYS = frozenset(
+    {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg", "grad_avg", "sum"}
+)
