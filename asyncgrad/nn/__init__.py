@@ -14,6 +14,7 @@ Modules hold tensors, so build them inside an open runtime (`asyncgrad.run` / `a
 """
 
 from . import functional, init
+from . import utils as utils
 from ._layers import (
     GELU,
     AvgPool2d,
@@ -64,4 +65,5 @@ __all__ = [
     "init",
     "load_state_dict_file",
     "save_state_dict",
+    "utils",
 ]

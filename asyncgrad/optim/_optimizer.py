@@ -59,8 +59,9 @@ class Optimizer:
     """Base class of optimizers (PyTorch's ``torch.optim.Optimizer`` API).
 
     Args:
-        params: An iterable of Tensors, or of dicts defining parameter groups (each with a ``"params"``
-            entry and optional per-group hyper-parameters).
+        params: An iterable of Tensors, of ``(name, Tensor)`` pairs (``module.named_parameters()``; the
+            names are kept in the group's ``"param_names"``), or of dicts defining parameter groups (each
+            with a ``"params"`` entry, of Tensors or of pairs, and optional per-group hyper-parameters).
         defaults: Default hyper-parameters for groups that do not set them.
     """
 
@@ -102,6 +103,20 @@ class Optimizer:
         elif isinstance(ps, set):
             raise TypeError("optimizer parameters need to be organized in ordered collections, not sets")
         ps = list(ps) if ps is not None else []
+        # named parameters, as PyTorch 2 takes them: (name, tensor) pairs; names go to "param_names"
+        names = [q[0] for q in ps if isinstance(q, tuple)]
+        if names:
+            if len(names) != len(ps):
+                raise ValueError("all optimizer params should be with/without names. Some param names are missing")
+            ps = [q[1] for q in ps]
+            group["param_names"] = names
+        for g in self.param_groups:
+            if ("param_names" in group) != ("param_names" in g):
+                which = "with names" if "param_names" in group else "without names"
+                raise ValueError(
+                    "all optimizer param groups should be with/without names. "
+                    f"cannot add param group {which} to the optimizer"
+                )
         for p in ps:
             if not isinstance(p, Tensor):
                 raise TypeError(
@@ -262,4 +277,6 @@ class Optimizer:
                     g[k] = v
 
 
-_TENSOR_KEYS = frozenset({"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"})
+_TENSOR_KEYS = frozenset(
+    {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg", "grad_avg", "sum"}
+)
