@@ -8,10 +8,12 @@ weights 1 and biases 0. Random numbers come from `asyncgrad.default_generator()`
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -59,8 +61,20 @@ def _pair(x: Any) -> tuple[int, int]:
 # ---- containers --------------------------------------------------------------------------------
 
 
+def _abs_index(idx: Any, n: int) -> int:
+    idx = operator.index(idx)
+    if not -n <= idx < n:
+        raise IndexError(f"index {idx} is out of range")
+    return idx % n
+
+
 class Sequential(Module):
-    """Modules applied one after another: ``Sequential(m1, m2, ...)`` or ``Sequential(OrderedDict)``."""
+    """Modules applied one after another: ``Sequential(m1, m2, ...)`` or ``Sequential(OrderedDict)``.
+
+    Indexing, slicing (a slice is a new ``Sequential`` sharing the modules), ``len``, iteration,
+    ``append``/``insert``/``extend``/``pop``, item assignment and deletion, and ``+`` work as in PyTorch
+    (deleting or inserting renumbers the keys ``"0"``, ``"1"``, ...).
+    """
 
     def __init__(self, *args: Any) -> None:
         super().__init__()
@@ -82,29 +96,102 @@ class Sequential(Module):
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
-    def __getitem__(self, idx: int | slice) -> Any:
+    def _renumber(self) -> None:
+        mods = list(self._modules.values())
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+
+    @overload
+    def __getitem__(self, idx: slice) -> Sequential: ...
+    @overload
+    def __getitem__(self, idx: int) -> Module: ...
+    def __getitem__(self, idx: int | slice) -> Module:
         if isinstance(idx, slice):
-            return Sequential(OrderedDict(list(self._modules.items())[idx]))
+            return type(self)(OrderedDict(list(self._modules.items())[idx]))
         keys = list(self._modules)
-        n = len(keys)
-        if not -n <= idx < n:
-            raise IndexError(f"index {idx} is out of range")
-        return self._modules[keys[idx % n]]
+        return self._modules[keys[_abs_index(idx, len(keys))]]  # type: ignore[no-any-return]
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        keys = list(self._modules)
+        setattr(self, keys[_abs_index(idx, len(keys))], module)
+
+    def __delitem__(self, idx: int | slice) -> None:
+        keys = list(self._modules)
+        if isinstance(idx, slice):
+            for key in keys[idx]:
+                delattr(self, key)
+        else:
+            delattr(self, keys[_abs_index(idx, len(keys))])
+        self._renumber()
+
+    def __add__(self, other: Sequential) -> Sequential:
+        if not isinstance(other, Sequential):
+            raise ValueError(
+                "add operator supports only objects of Sequential class, but "
+                f"{type(other).__name__} is given."
+            )
+        ret = Sequential()
+        for m in self:
+            ret.append(m)
+        for m in other:
+            ret.append(m)
+        return ret
+
+    def __iadd__(self, other: Sequential) -> Sequential:
+        if not isinstance(other, Sequential):
+            raise ValueError(
+                "add operator supports only objects of Sequential class, but "
+                f"{type(other).__name__} is given."
+            )
+        return self.extend(other)
 
     def append(self, module: Module) -> Sequential:
         """Add ``module`` at the end."""
         self.add_module(str(len(self)), module)
         return self
 
+    def insert(self, index: int, module: Module) -> Sequential:
+        """Insert ``module`` before position ``index`` (keys are renumbered)."""
+        if not isinstance(module, Module):
+            raise AssertionError(f"module should be of type: {Module}")
+        n = len(self._modules)
+        if not -n <= index <= n:
+            raise IndexError(f"Index out of range: {index}")
+        if index < 0:
+            index += n
+        mods = list(self._modules.values())
+        mods.insert(index, module)
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+        return self
+
+    def extend(self, sequential: Iterable[Module]) -> Sequential:
+        """Append every module of ``sequential``."""
+        for m in sequential:
+            self.append(m)
+        return self
+
+    def pop(self, key: int | slice) -> Any:
+        """Remove and return the module (or the ``Sequential`` of modules) at ``key``."""
+        v = self[key]
+        del self[key]
+        return v
+
 
 class ModuleList(Module):
-    """A list of modules whose parameters belong to the owner."""
+    """A list of modules whose parameters belong to the owner (PyTorch's ``ModuleList``).
+
+    Supports indexing, slicing (a slice is a new ``ModuleList``), item assignment and deletion,
+    ``append``/``insert``/``extend``/``pop``, ``+``/``+=``, ``len`` and iteration; keys are the
+    positions ``"0"``, ``"1"``, ... and are renumbered after a deletion or insertion.
+    """
 
     def __init__(self, modules: Iterable[Module] | None = None) -> None:
         super().__init__()
         if modules is not None:
-            for m in modules:
-                self.append(m)
+            self += modules
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -112,18 +199,68 @@ class ModuleList(Module):
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
-    def __getitem__(self, idx: int) -> Module:
-        keys = list(self._modules)
-        return self._modules[keys[idx]]  # type: ignore[no-any-return]
+    @overload
+    def __getitem__(self, idx: slice) -> ModuleList: ...
+    @overload
+    def __getitem__(self, idx: int) -> Module: ...
+    def __getitem__(self, idx: int | slice) -> Module:
+        if isinstance(idx, slice):
+            return type(self)(list(self._modules.values())[idx])
+        return self._modules[str(_abs_index(idx, len(self)))]  # type: ignore[no-any-return]
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        setattr(self, str(_abs_index(idx, len(self))), module)
+
+    def __delitem__(self, idx: int | slice) -> None:
+        if isinstance(idx, slice):
+            for k in range(len(self._modules))[idx]:
+                delattr(self, str(k))
+        else:
+            delattr(self, str(_abs_index(idx, len(self))))
+        mods = list(self._modules.values())
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+
+    def __iadd__(self, modules: Iterable[Module]) -> ModuleList:
+        return self.extend(modules)
+
+    def __add__(self, other: Iterable[Module]) -> ModuleList:
+        combined = ModuleList()
+        for i, m in enumerate(itertools.chain(self, other)):
+            combined.add_module(str(i), m)
+        return combined
+
+    def insert(self, index: int, module: Module) -> None:
+        """Insert ``module`` before position ``index``."""
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        mods = list(self._modules.values())
+        mods.insert(index, module)
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
 
     def append(self, module: Module) -> ModuleList:
         """Add ``module`` at the end."""
         self.add_module(str(len(self)), module)
         return self
 
+    def pop(self, key: int | slice) -> Any:
+        """Remove and return the module (or the ``ModuleList`` of modules) at ``key``."""
+        v = self[key]
+        del self[key]
+        return v
+
     def extend(self, modules: Iterable[Module]) -> ModuleList:
-        for m in modules:
-            self.append(m)
+        """Append every module of the iterable ``modules``."""
+        if not isinstance(modules, Iterable):
+            raise TypeError(
+                "ModuleList.extend should be called with an iterable, but got " + type(modules).__name__
+            )
+        offset = len(self)
+        for i, m in enumerate(modules):
+            self.add_module(str(offset + i), m)
         return self
 
 
