@@ -4,15 +4,15 @@ and the added activations, losses, functionals, containers and BatchNorm."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import nullcontext as _nullcontext
 
 import numpy as np
 import pytest
+from gradcheck import gradcheck
 
 import asyncgrad as ag
 from asyncgrad import nn
 from asyncgrad.nn import functional as F
-
-from gradcheck import gradcheck
 
 # ---- fixes: registration names -----------------------------------------------------------------
 
@@ -199,3 +199,309 @@ async def test_load_state_dict_result_repr(rt) -> None:
     assert r.missing_keys == [] and r.unexpected_keys == []
     r2 = m.load_state_dict({"weight": np.zeros((2, 2), np.float32)}, strict=False)
     assert repr(r2) == "_IncompatibleKeys(missing_keys=['bias'], unexpected_keys=[])"
+
+
+# ---- helpers for PyTorch comparisons ------------------------------------------------------------------
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+async def _compare(ag_fn, torch_fn, arrays, *, grad_idx=None, atol=1e-10, rtol=1e-8):
+    """Run ``ag_fn`` and ``torch_fn`` on float64 copies of ``arrays``; compare values and gradients."""
+    torch = _torch()
+    grad_idx = range(len(arrays)) if grad_idx is None else grad_idx
+    xs = [ag.tensor(a, dtype=np.float64, requires_grad=i in grad_idx) for i, a in enumerate(arrays)]
+    ts = [torch.tensor(a, dtype=torch.float64, requires_grad=i in grad_idx) for i, a in enumerate(arrays)]
+    out = ag_fn(*xs)
+    tout = torch_fn(*ts)
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=atol, rtol=rtol)
+    assert out.dtype == np.float64
+    w = np.random.default_rng(7).standard_normal(tuple(out.shape))
+    grads = await ag.grad((out * ag.tensor(w)).sum(), [xs[i] for i in grad_idx], allow_unused=True)
+    tgrads = torch.autograd.grad((tout * torch.tensor(w)).sum(), [ts[i] for i in grad_idx], allow_unused=True)
+    for i, g, tg in zip(grad_idx, grads, tgrads):
+        if tg is None:
+            assert g is None or np.all(g.numpy() == 0), f"input {i}"
+            continue
+        assert g is not None, f"input {i} got no gradient"
+        np.testing.assert_allclose(g.numpy(), tg.numpy(), atol=atol, rtol=rtol, err_msg=f"input {i}")
+
+
+def _x(rng, *shape, scale=3.0):
+    x = rng.standard_normal(shape) * scale
+    x.flat[:4] = [0.0, 6.0, -1.0, 1.0][: min(4, x.size)]  # the kinks
+    return x
+
+
+# ---- activations -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, ag_fn, t_fn",
+    [
+        ("leaky_relu", lambda x: F.leaky_relu(x), "F.leaky_relu(x)"),
+        ("leaky_relu_slope", lambda x: F.leaky_relu(x, 0.2), "F.leaky_relu(x, 0.2)"),
+        ("silu", lambda x: F.silu(x), "F.silu(x)"),
+        ("elu", lambda x: F.elu(x), "F.elu(x)"),
+        ("elu_alpha", lambda x: F.elu(x, alpha=0.5), "F.elu(x, alpha=0.5)"),
+        ("softplus", lambda x: F.softplus(x), "F.softplus(x)"),
+        ("softplus_beta", lambda x: F.softplus(x, beta=2.0, threshold=3.0), "F.softplus(x, beta=2.0, threshold=3.0)"),
+        ("relu6", lambda x: F.relu6(x), "F.relu6(x)"),
+        ("hardtanh", lambda x: F.hardtanh(x), "F.hardtanh(x)"),
+        ("hardtanh_range", lambda x: F.hardtanh(x, -2.0, 6.0), "F.hardtanh(x, -2.0, 6.0)"),
+    ],
+)
+async def test_activation_functionals_vs_torch(rt, rng, name, ag_fn, t_fn) -> None:
+    torch = _torch()
+    tF = torch.nn.functional
+    x = _x(rng, 5, 7)
+    x[0, 4:7] = [40.0, -40.0, 1000.0]  # large values: no overflow, no NaN gradient
+    await _compare(ag_fn, lambda t: eval(t_fn, {"F": tF, "x": t}), [x])
+
+
+@pytest.mark.parametrize(
+    "make, tmake",
+    [
+        ("nn.LeakyReLU()", "nn.LeakyReLU()"),
+        ("nn.LeakyReLU(0.3)", "nn.LeakyReLU(0.3)"),
+        ("nn.SiLU()", "nn.SiLU()"),
+        ("nn.ELU(alpha=2.0)", "nn.ELU(alpha=2.0)"),
+        ("nn.Softplus(beta=0.5, threshold=10.0)", "nn.Softplus(beta=0.5, threshold=10.0)"),
+        ("nn.ReLU6()", "nn.ReLU6()"),
+        ("nn.Hardtanh(-0.5, 2.0)", "nn.Hardtanh(-0.5, 2.0)"),
+        ("nn.Sigmoid()", "nn.Sigmoid()"),
+        ("nn.Tanh()", "nn.Tanh()"),
+        ("nn.Softmax(dim=1)", "nn.Softmax(dim=1)"),
+        ("nn.LogSoftmax(dim=0)", "nn.LogSoftmax(dim=0)"),
+        ("nn.Identity()", "nn.Identity()"),
+    ],
+)
+async def test_activation_modules_vs_torch(rt, rng, make, tmake) -> None:
+    torch = _torch()
+    m = eval(make, {"nn": nn})
+    tm = eval(tmake, {"nn": torch.nn})
+    assert repr(m) == repr(tm)
+    await _compare(m, tm, [_x(rng, 4, 6)])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: F.leaky_relu(x, 0.1),
+        F.silu,
+        lambda x: F.elu(x, 1.5),
+        lambda x: F.softplus(x, beta=2.0, threshold=5.0),
+        F.relu6,
+        lambda x: F.hardtanh(x, -1.5, 1.5),
+        lambda x: F.normalize(x, dim=1),
+        lambda x: F.normalize(x, p=1.0, dim=0),
+        lambda x: F.pad(x, (1, 2, 0, 1), value=0.5),
+        lambda x: F.pad(x, (-1, 1)),
+    ],
+)
+async def test_new_functionals_gradcheck(rt, rng, fn) -> None:
+    x = rng.standard_normal((3, 4)) * 2
+    x[np.abs(x) < 0.05] += 0.2  # keep away from the kinks at 0
+    x[np.abs(np.abs(x) - 1.5) < 0.05] += 0.2
+    await gradcheck(fn, [x])
+
+
+async def test_activation_grad_at_kinks_and_dtype(rt) -> None:
+    torch = _torch()
+    x = np.array([-1.0, 0.0, 1.0, 6.0, -6.0, 3.0])
+    for name in ("leaky_relu", "elu", "relu6", "hardtanh", "silu", "softplus"):
+        await _compare(getattr(F, name), getattr(torch.nn.functional, name), [x])
+    h = ag.tensor([-1.0, 2.0], dtype="float32")
+    for f in (F.leaky_relu, F.silu, F.elu, F.softplus, F.relu6, F.hardtanh):
+        assert f(h).dtype == np.float32
+
+
+# ---- losses -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+async def test_regression_losses_vs_torch(rt, rng, reduction) -> None:
+    torch = _torch()
+    tF = torch.nn.functional
+    a = rng.standard_normal((4, 5)) * 2
+    b = rng.standard_normal((4, 5))
+    b[0, 0] = a[0, 0] + 0.5  # inside beta / delta
+    await _compare(
+        lambda x, y: F.l1_loss(x, y, reduction=reduction), lambda x, y: tF.l1_loss(x, y, reduction=reduction), [a, b]
+    )
+    for beta in (1.0, 0.5, 0.0):
+        await _compare(
+            lambda x, y, beta=beta: F.smooth_l1_loss(x, y, reduction=reduction, beta=beta),
+            lambda x, y, beta=beta: tF.smooth_l1_loss(x, y, reduction=reduction, beta=beta),
+            [a, b],
+        )
+    for delta in (1.0, 2.5):
+        await _compare(
+            lambda x, y, delta=delta: F.huber_loss(x, y, reduction=reduction, delta=delta),
+            lambda x, y, delta=delta: tF.huber_loss(x, y, reduction=reduction, delta=delta),
+            [a, b],
+        )
+    w = rng.uniform(0.1, 2.0, (4, 5))
+    await _compare(
+        lambda x, y, ww: F.l1_loss(x, y, reduction=reduction, weight=ww),
+        lambda x, y, ww: tF.l1_loss(x, y, reduction=reduction, weight=ww),
+        [a, b, w],
+        grad_idx=[0, 1],
+    )
+    await _compare(
+        lambda x, y, ww: F.huber_loss(x, y, reduction=reduction, delta=0.7, weight=ww),
+        lambda x, y, ww: tF.huber_loss(x, y, reduction=reduction, delta=0.7, weight=ww),
+        [a, b, w],
+        grad_idx=[0, 1],
+    )
+    for m, tm in (
+        (nn.L1Loss(reduction=reduction), torch.nn.L1Loss(reduction=reduction)),
+        (nn.SmoothL1Loss(reduction=reduction, beta=0.3), torch.nn.SmoothL1Loss(reduction=reduction, beta=0.3)),
+        (nn.HuberLoss(reduction=reduction, delta=0.4), torch.nn.HuberLoss(reduction=reduction, delta=0.4)),
+    ):
+        await _compare(m, tm, [a, b])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+async def test_bce_vs_torch(rt, rng, reduction) -> None:
+    torch = _torch()
+    tF = torch.nn.functional
+    p = rng.uniform(0.02, 0.98, (4, 3))
+    t = rng.uniform(0.0, 1.0, (4, 3))
+    t[0, 0], t[0, 1] = 0.0, 1.0
+    await _compare(
+        lambda x, y: F.binary_cross_entropy(x, y, reduction=reduction),
+        lambda x, y: tF.binary_cross_entropy(x, y, reduction=reduction),
+        [p, t],
+    )
+    w = rng.uniform(0.5, 2.0, (3,))  # broadcast over the batch
+    await _compare(
+        lambda x, y, ww: F.binary_cross_entropy(x, y, weight=ww, reduction=reduction),
+        lambda x, y, ww: tF.binary_cross_entropy(x, y, weight=ww, reduction=reduction),
+        [p, t, w],
+        grad_idx=[0, 1],
+    )
+    tw = torch.tensor(w)
+    m = nn.BCELoss(weight=ag.tensor(w), reduction=reduction)
+    assert list(m.state_dict()) == list(torch.nn.BCELoss(weight=tw).state_dict()) == ["weight"]
+    await _compare(m, torch.nn.BCELoss(weight=tw, reduction=reduction), [p, t])
+
+
+async def test_bce_clamps_log_at_minus_100(rt) -> None:
+    torch = _torch()
+    p = np.array([0.0, 1.0, 0.0, 1.0, 0.5])
+    t = np.array([1.0, 0.0, 0.0, 1.0, 1.0])
+    out = F.binary_cross_entropy(ag.tensor(p), ag.tensor(t), reduction="none")
+    want = torch.nn.functional.binary_cross_entropy(torch.tensor(p), torch.tensor(t), reduction="none")
+    np.testing.assert_allclose(out.numpy(), want.numpy())
+    assert out.numpy()[0] == 100.0
+    x = ag.tensor(p, requires_grad=True)
+    (g,) = await ag.grad(F.binary_cross_entropy(x, ag.tensor(t), reduction="sum"), [x])
+    tx = torch.tensor(p, requires_grad=True)
+    (tg,) = torch.autograd.grad(torch.nn.functional.binary_cross_entropy(tx, torch.tensor(t), reduction="sum"), [tx])
+    np.testing.assert_allclose(g.numpy(), tg.numpy())
+    with pytest.raises(ValueError, match="target size"):
+        F.binary_cross_entropy(ag.tensor(p), ag.tensor(t[:2]))
+    with pytest.raises(RuntimeError, match="between 0 and 1"):
+        F.binary_cross_entropy(ag.tensor([1.5]), ag.tensor([1.0])).item()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "batchmean", "sum", "none"])
+@pytest.mark.parametrize("log_target", [False, True])
+async def test_kl_div_vs_torch(rt, rng, reduction, log_target) -> None:
+    torch = _torch()
+    tF = torch.nn.functional
+    logits = rng.standard_normal((3, 5))
+    inp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    q = rng.dirichlet(np.ones(5), size=3)
+    q[0, 0] = 0.0 if not log_target else q[0, 0]  # xlogy(0, 0) = 0
+    tgt = np.log(q) if log_target else q
+    grad_idx = [0, 1] if log_target else [0]  # torch's target gradient at 0 is -inf
+    with pytest.warns(UserWarning) if reduction == "mean" else _nullcontext():
+        await _compare(
+            lambda x, y: F.kl_div(x, y, reduction=reduction, log_target=log_target),
+            lambda x, y: tF.kl_div(x, y, reduction=reduction, log_target=log_target),
+            [inp, tgt],
+            grad_idx=grad_idx,
+        )
+    m = nn.KLDivLoss(reduction=reduction, log_target=log_target)
+    tm = torch.nn.KLDivLoss(reduction=reduction, log_target=log_target)
+    with pytest.warns(UserWarning) if reduction == "mean" else _nullcontext():
+        await _compare(m, tm, [inp, tgt], grad_idx=grad_idx)
+
+
+async def test_kl_div_target_grad_gradcheck(rt, rng) -> None:
+    q = rng.dirichlet(np.ones(4), size=2)
+    inp = rng.standard_normal((2, 4))
+    await gradcheck(lambda x, y: F.kl_div(x, y, reduction="batchmean"), [inp, q])
+    await gradcheck(lambda x, y: F.kl_div(x, y, reduction="sum", log_target=True), [inp, np.log(q)])
+
+
+async def test_loss_gradchecks(rt, rng) -> None:
+    a = rng.standard_normal((3, 4)) * 2
+    b = rng.standard_normal((3, 4))
+    await gradcheck(lambda x, y: F.l1_loss(x, y), [a, b])
+    await gradcheck(lambda x, y: F.smooth_l1_loss(x, y, beta=0.7), [a, b])
+    await gradcheck(lambda x, y: F.huber_loss(x, y, delta=0.7, reduction="sum"), [a, b])
+    p = rng.uniform(0.05, 0.95, (3, 4))
+    t = rng.uniform(0.0, 1.0, (3, 4))
+    await gradcheck(lambda x, y: F.binary_cross_entropy(x, y), [p, t])
+
+
+async def test_loss_modules_reductions_and_legacy(rt) -> None:
+    with pytest.raises(ValueError):
+        nn.L1Loss(reduction="batchmean")
+    assert nn.L1Loss(size_average=False).reduction == "sum"
+    assert nn.KLDivLoss(reduction="batchmean").reduction == "batchmean"
+    assert nn.NLLLoss().reduction == "mean" and nn.BCEWithLogitsLoss().reduction == "mean"
+    torch = _torch()
+    for m, tm in ((nn.HuberLoss(), torch.nn.HuberLoss()), (nn.KLDivLoss(), torch.nn.KLDivLoss())):
+        assert repr(m) == repr(tm)
+
+
+# ---- one_hot, pad, normalize ------------------------------------------------------------------------
+
+
+async def test_one_hot_vs_torch(rt) -> None:
+    torch = _torch()
+    idx = np.array([[0, 3], [2, 1]], dtype=np.int64)
+    out = F.one_hot(ag.tensor(idx))
+    want = torch.nn.functional.one_hot(torch.tensor(idx))
+    assert out.dtype == np.int64 and out.shape == tuple(want.shape) == (2, 2, 4)
+    np.testing.assert_array_equal(out.numpy(), want.numpy())
+    out6 = F.one_hot(ag.tensor(idx), num_classes=6)
+    np.testing.assert_array_equal(out6.numpy(), torch.nn.functional.one_hot(torch.tensor(idx), 6).numpy())
+    with pytest.raises(RuntimeError, match="smaller than num_classes"):
+        F.one_hot(ag.tensor(idx), num_classes=3)
+    with pytest.raises(RuntimeError, match="non-negative"):
+        F.one_hot(ag.tensor([-1, 0]))
+    with pytest.raises(RuntimeError, match="LongTensor"):
+        F.one_hot(ag.tensor([0.0, 1.0]))
+
+
+@pytest.mark.parametrize(
+    "pad", [(1, 2), (0, 1, 2, 0), (1, 1, 1, 1, 1, 1), (-1, 2), (2, -1, -1, 0), (0, 0)]
+)
+async def test_pad_vs_torch(rt, rng, pad) -> None:
+    torch = _torch()
+    x = rng.standard_normal((2, 3, 4))
+    await _compare(lambda t: F.pad(t, pad), lambda t: torch.nn.functional.pad(t, pad), [x])
+    await _compare(
+        lambda t: F.pad(t, pad, value=-2.5), lambda t: torch.nn.functional.pad(t, pad, value=-2.5), [x]
+    )
+    with pytest.raises(ValueError):
+        F.pad(ag.tensor(x), (1,))
+    with pytest.raises(NotImplementedError):
+        F.pad(ag.tensor(x), (1, 1), mode="reflect")
+
+
+@pytest.mark.parametrize("p, dim", [(2.0, 1), (1.0, 0), (3.0, -1), (2.0, 2)])
+async def test_normalize_vs_torch(rt, rng, p, dim) -> None:
+    torch = _torch()
+    x = rng.standard_normal((3, 4, 2))
+    x[0, :, 0] = 0.0  # a zero vector: the eps clamp
+    await _compare(
+        lambda t: F.normalize(t, p=p, dim=dim), lambda t: torch.nn.functional.normalize(t, p=p, dim=dim), [x]
+    )
