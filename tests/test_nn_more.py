@@ -505,3 +505,214 @@ async def test_normalize_vs_torch(rt, rng, p, dim) -> None:
     await _compare(
         lambda t: F.normalize(t, p=p, dim=dim), lambda t: torch.nn.functional.normalize(t, p=p, dim=dim), [x]
     )
+
+
+# ---- ModuleDict, ParameterList, ParameterDict -------------------------------------------------------
+
+
+async def test_module_dict(rt) -> None:
+    torch = _torch()
+    md = nn.ModuleDict({"fc": nn.Linear(2, 3), "act": nn.ReLU()})
+    tmd = torch.nn.ModuleDict({"fc": torch.nn.Linear(2, 3), "act": torch.nn.ReLU()})
+    assert list(md) == list(tmd) == ["fc", "act"]
+    assert list(md.state_dict()) == list(tmd.state_dict()) == ["fc.weight", "fc.bias"]
+    assert "fc" in md and len(md) == 2 and isinstance(md["act"], nn.ReLU)
+    md["out"] = nn.Linear(3, 1)
+    assert list(md.keys()) == ["fc", "act", "out"]
+    assert [n for n, _ in md.named_parameters()] == ["fc.weight", "fc.bias", "out.weight", "out.bias"]
+    md.update([("extra", nn.Tanh())])
+    assert isinstance(md.pop("extra"), nn.Tanh) and "extra" not in md
+    del md["act"]
+    assert list(md) == ["fc", "out"]
+    assert [k for k, _ in md.items()] == ["fc", "out"] and len(list(md.values())) == 2
+    with pytest.raises(KeyError):
+        md["nothing"]
+    md.clear()
+    assert len(md) == 0 and list(md.parameters()) == []
+
+    class Owner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = nn.ModuleDict({"a": nn.Linear(2, 1)})
+
+    assert list(Owner().state_dict()) == ["heads.a.weight", "heads.a.bias"]
+
+
+async def test_parameter_list(rt) -> None:
+    torch = _torch()
+    pl = nn.ParameterList([nn.Parameter(ag.zeros(2, 3)), ag.ones(4)])
+    tpl = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(2, 3)), torch.ones(4)])
+    assert list(pl.state_dict()) == list(tpl.state_dict()) == ["0", "1"]
+    assert len(pl) == 2 and all(isinstance(p, nn.Parameter) and p.requires_grad for p in pl)
+    assert pl[1].shape == (4,) and pl[-1] is pl[1]
+    pl.append(ag.zeros(1))
+    pl.extend([nn.Parameter(ag.zeros(5))])
+    assert [tuple(p.shape) for p in pl] == [(2, 3), (4,), (1,), (5,)]
+    assert [n for n, _ in pl.named_parameters()] == ["0", "1", "2", "3"]
+    sl = pl[1:3]
+    assert isinstance(sl, nn.ParameterList) and [tuple(p.shape) for p in sl] == [(4,), (1,)]
+    assert sl[0] is pl[1]
+    new = nn.Parameter(ag.ones(7))
+    pl[0] = new
+    assert pl[0] is new and pl.state_dict()["0"].shape == (7,)
+    with pytest.raises(IndexError):
+        pl[4]
+
+    class Owner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ps = nn.ParameterList([ag.zeros(2), ag.zeros(3)])
+
+        def forward(self, x: ag.Tensor) -> ag.Tensor:
+            return x * self.ps[0] + self.ps[1].sum()
+
+    o = Owner()
+    assert list(o.state_dict()) == ["ps.0", "ps.1"]
+    await o(ag.ones(2)).sum().backward()
+    assert o.ps[0].grad is not None and o.ps[1].grad is not None
+    assert "Parameter containing" in repr(pl)
+
+
+async def test_parameter_dict(rt) -> None:
+    torch = _torch()
+    pd = nn.ParameterDict({"b": ag.zeros(2), "a": nn.Parameter(ag.ones(3))})
+    tpd = torch.nn.ParameterDict({"b": torch.zeros(2), "a": torch.nn.Parameter(torch.ones(3))})
+    assert list(pd) == list(tpd) == ["a", "b"]  # a plain dict's keys are sorted, as torch
+    assert list(pd.state_dict()) == list(tpd.state_dict())
+    assert all(isinstance(v, nn.Parameter) for v in pd.values())
+    od = nn.ParameterDict(OrderedDict([("z", ag.zeros(1)), ("y", ag.zeros(1))]))
+    assert list(od.keys()) == ["z", "y"]
+    pd["c"] = ag.zeros(4)
+    assert list(pd) == ["a", "b", "c"] and pd["c"].requires_grad and "c" in pd and len(pd) == 3
+    assert [n for n, _ in pd.named_parameters()] == ["a", "b", "c"]
+    assert pd.pop("b").shape == (2,) and "b" not in pd and list(pd.state_dict()) == ["a", "c"]
+    assert pd.get("nothing") is None and pd.get("a") is pd["a"]
+    pd.update([("d", ag.zeros(1))])
+    assert [k for k, _ in pd.items()] == ["a", "c", "d"]
+    pd.clear()
+    assert len(pd) == 0 and list(pd.parameters()) == []
+
+
+# ---- BatchNorm -------------------------------------------------------------------------------------------
+
+
+def _copy_to_torch(m, tm) -> None:
+    torch = _torch()
+    with torch.no_grad():
+        for k, v in m.state_dict().items():
+            tm.state_dict()[k].copy_(torch.from_numpy(np.array(v)))
+
+
+async def _bn_steps(rt, rng, make, tmake, shape, steps=3) -> None:
+    torch = _torch()
+    m = make()
+    tm = tmake()
+    assert repr(m) == repr(tm)
+    assert list(m.state_dict()) == list(tm.state_dict())
+    m.double()
+    tm.double()
+    if m.weight is not None:  # non-trivial affine parameters, the same in both
+        w = rng.uniform(0.5, 1.5, m.num_features)
+        b = rng.standard_normal(m.num_features)
+        with ag.no_grad():
+            m.weight.copy_(w)
+            if m.bias is not None:
+                m.bias.copy_(b)
+    _copy_to_torch(m, tm)
+    for step in range(steps):
+        x = rng.standard_normal(shape) * 2 + 1
+        for mode in ("train", "eval"):
+            getattr(m, mode)()
+            getattr(tm, mode)()
+            xa = ag.tensor(x, requires_grad=True)
+            xt = torch.tensor(x, requires_grad=True)
+            out, tout = m(xa), tm(xt)
+            np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=1e-10, rtol=1e-8)
+            g = np.random.default_rng(step).standard_normal(shape)
+            params = [xa, *m.parameters()]
+            tparams = [xt, *tm.parameters()]
+            grads = await ag.grad((out * ag.tensor(g)).sum(), params)
+            tgrads = torch.autograd.grad((tout * torch.tensor(g)).sum(), tparams)
+            for a, t in zip(grads, tgrads):
+                np.testing.assert_allclose(a.numpy(), t.numpy(), atol=1e-10, rtol=1e-8)
+            sd, tsd = m.state_dict(), tm.state_dict()
+            for k in tsd:
+                np.testing.assert_allclose(sd[k], tsd[k].numpy(), atol=1e-12, rtol=1e-10, err_msg=f"{k} {mode}")
+                assert sd[k].dtype == tsd[k].numpy().dtype, k
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"momentum": None},
+        {"momentum": 0.3, "eps": 1e-3},
+        {"affine": False},
+        {"track_running_stats": False},
+        {"bias": False},
+    ],
+)
+async def test_batchnorm1d_vs_torch(rt, rng, kw) -> None:
+    torch = _torch()
+    await _bn_steps(rt, rng, lambda: nn.BatchNorm1d(3, **kw), lambda: torch.nn.BatchNorm1d(3, **kw), (5, 3))
+    await _bn_steps(rt, rng, lambda: nn.BatchNorm1d(3, **kw), lambda: torch.nn.BatchNorm1d(3, **kw), (4, 3, 6))
+
+
+@pytest.mark.parametrize("kw", [{}, {"momentum": None}, {"track_running_stats": False}])
+async def test_batchnorm2d_vs_torch(rt, rng, kw) -> None:
+    torch = _torch()
+    await _bn_steps(rt, rng, lambda: nn.BatchNorm2d(2, **kw), lambda: torch.nn.BatchNorm2d(2, **kw), (3, 2, 4, 5))
+
+
+async def test_batchnorm_buffers_errors_and_gradcheck(rt, rng) -> None:
+    bn = nn.BatchNorm2d(4)
+    assert list(bn.state_dict()) == ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]
+    assert bn.num_batches_tracked.dtype == np.int64 and bn.running_mean.dtype == np.float32
+    assert [n for n, _ in bn.named_buffers()] == ["running_mean", "running_var", "num_batches_tracked"]
+    bn(ag.randn(2, 4, 3, 3))
+    bn(ag.randn(2, 4, 3, 3))
+    assert bn.num_batches_tracked.item() == 2
+    bn.eval()
+    bn(ag.randn(2, 4, 3, 3))
+    assert bn.num_batches_tracked.item() == 2  # eval does not count
+    bn.reset_running_stats()
+    assert bn.num_batches_tracked.item() == 0 and np.all(bn.running_var.numpy() == 1)
+    with pytest.raises(ValueError, match="expected 4D input"):
+        bn(ag.randn(2, 4))
+    with pytest.raises(ValueError, match="expected 2D or 3D input"):
+        nn.BatchNorm1d(4)(ag.randn(2, 4, 3, 3))
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        nn.BatchNorm1d(4)(ag.randn(1, 4))
+    nn.BatchNorm1d(4).eval()(ag.randn(1, 4))  # fine in eval
+    no_stats = nn.BatchNorm1d(3, track_running_stats=False)
+    assert list(no_stats.state_dict()) == ["weight", "bias"]
+    # gradients of the training forward (input, weight, bias), against finite differences
+    x = rng.standard_normal((4, 3, 2))
+    w = rng.uniform(0.5, 1.5, 3)
+    b = rng.standard_normal(3)
+    await gradcheck(lambda xx, ww, bb: F.batch_norm(xx, None, None, ww, bb, training=True), [x, w, b])
+    rm, rv = ag.tensor(rng.standard_normal(3)), ag.tensor(rng.uniform(0.5, 2.0, 3))
+    await gradcheck(lambda xx, ww, bb: F.batch_norm(xx, rm, rv, ww, bb, training=False), [x, w, b])
+
+
+async def test_batchnorm_in_a_model_trains_and_loads(rt, rng) -> None:
+    ag.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+    opt = ag.optim.SGD(model.parameters(), lr=0.05)
+    x = ag.tensor(rng.standard_normal((16, 4)).astype(np.float32))
+    y = ag.tensor(rng.standard_normal((16, 1)).astype(np.float32))
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        await loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    sd = model.state_dict()
+    assert "1.running_mean" in sd and sd["1.num_batches_tracked"] == 5
+    clone = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+    assert repr(clone.load_state_dict(sd)) == "<All keys matched successfully>"
+    model.eval()
+    clone.eval()
+    np.testing.assert_allclose(model(x).numpy(), clone(x).numpy(), rtol=1e-6)
