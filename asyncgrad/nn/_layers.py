@@ -8,10 +8,12 @@ weights 1 and biases 0. Random numbers come from `asyncgrad.default_generator()`
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -22,22 +24,33 @@ from . import init
 from ._module import Module, Parameter
 
 __all__ = [
+    "ELU",
     "GELU",
     "AvgPool2d",
+    "BatchNorm1d",
+    "BatchNorm2d",
     "Conv2d",
     "Dropout",
     "Embedding",
     "Flatten",
+    "Hardtanh",
     "Identity",
     "LayerNorm",
+    "LeakyReLU",
     "Linear",
     "LogSoftmax",
     "MaxPool2d",
+    "ModuleDict",
     "ModuleList",
+    "ParameterDict",
+    "ParameterList",
     "ReLU",
+    "ReLU6",
     "Sequential",
+    "SiLU",
     "Sigmoid",
     "Softmax",
+    "Softplus",
     "Tanh",
 ]
 
@@ -59,8 +72,20 @@ def _pair(x: Any) -> tuple[int, int]:
 # ---- containers --------------------------------------------------------------------------------
 
 
+def _abs_index(idx: Any, n: int) -> int:
+    idx = operator.index(idx)
+    if not -n <= idx < n:
+        raise IndexError(f"index {idx} is out of range")
+    return idx % n
+
+
 class Sequential(Module):
-    """Modules applied one after another: ``Sequential(m1, m2, ...)`` or ``Sequential(OrderedDict)``."""
+    """Modules applied one after another: ``Sequential(m1, m2, ...)`` or ``Sequential(OrderedDict)``.
+
+    Indexing, slicing (a slice is a new ``Sequential`` sharing the modules), ``len``, iteration,
+    ``append``/``insert``/``extend``/``pop``, item assignment and deletion, and ``+`` work as in PyTorch
+    (deleting or inserting renumbers the keys ``"0"``, ``"1"``, ...).
+    """
 
     def __init__(self, *args: Any) -> None:
         super().__init__()
@@ -82,29 +107,102 @@ class Sequential(Module):
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
-    def __getitem__(self, idx: int | slice) -> Any:
+    def _renumber(self) -> None:
+        mods = list(self._modules.values())
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+
+    @overload
+    def __getitem__(self, idx: slice) -> Sequential: ...
+    @overload
+    def __getitem__(self, idx: int) -> Module: ...
+    def __getitem__(self, idx: int | slice) -> Module:
         if isinstance(idx, slice):
-            return Sequential(OrderedDict(list(self._modules.items())[idx]))
+            return type(self)(OrderedDict(list(self._modules.items())[idx]))
         keys = list(self._modules)
-        n = len(keys)
-        if not -n <= idx < n:
-            raise IndexError(f"index {idx} is out of range")
-        return self._modules[keys[idx % n]]
+        return self._modules[keys[_abs_index(idx, len(keys))]]  # type: ignore[no-any-return]
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        keys = list(self._modules)
+        setattr(self, keys[_abs_index(idx, len(keys))], module)
+
+    def __delitem__(self, idx: int | slice) -> None:
+        keys = list(self._modules)
+        if isinstance(idx, slice):
+            for key in keys[idx]:
+                delattr(self, key)
+        else:
+            delattr(self, keys[_abs_index(idx, len(keys))])
+        self._renumber()
+
+    def __add__(self, other: Sequential) -> Sequential:
+        if not isinstance(other, Sequential):
+            raise ValueError(
+                "add operator supports only objects of Sequential class, but "
+                f"{type(other).__name__} is given."
+            )
+        ret = Sequential()
+        for m in self:
+            ret.append(m)
+        for m in other:
+            ret.append(m)
+        return ret
+
+    def __iadd__(self, other: Sequential) -> Sequential:
+        if not isinstance(other, Sequential):
+            raise ValueError(
+                "add operator supports only objects of Sequential class, but "
+                f"{type(other).__name__} is given."
+            )
+        return self.extend(other)
 
     def append(self, module: Module) -> Sequential:
         """Add ``module`` at the end."""
         self.add_module(str(len(self)), module)
         return self
 
+    def insert(self, index: int, module: Module) -> Sequential:
+        """Insert ``module`` before position ``index`` (keys are renumbered)."""
+        if not isinstance(module, Module):
+            raise AssertionError(f"module should be of type: {Module}")
+        n = len(self._modules)
+        if not -n <= index <= n:
+            raise IndexError(f"Index out of range: {index}")
+        if index < 0:
+            index += n
+        mods = list(self._modules.values())
+        mods.insert(index, module)
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+        return self
+
+    def extend(self, sequential: Iterable[Module]) -> Sequential:
+        """Append every module of ``sequential``."""
+        for m in sequential:
+            self.append(m)
+        return self
+
+    def pop(self, key: int | slice) -> Any:
+        """Remove and return the module (or the ``Sequential`` of modules) at ``key``."""
+        v = self[key]
+        del self[key]
+        return v
+
 
 class ModuleList(Module):
-    """A list of modules whose parameters belong to the owner."""
+    """A list of modules whose parameters belong to the owner (PyTorch's ``ModuleList``).
+
+    Supports indexing, slicing (a slice is a new ``ModuleList``), item assignment and deletion,
+    ``append``/``insert``/``extend``/``pop``, ``+``/``+=``, ``len`` and iteration; keys are the
+    positions ``"0"``, ``"1"``, ... and are renumbered after a deletion or insertion.
+    """
 
     def __init__(self, modules: Iterable[Module] | None = None) -> None:
         super().__init__()
         if modules is not None:
-            for m in modules:
-                self.append(m)
+            self += modules
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -112,19 +210,291 @@ class ModuleList(Module):
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
-    def __getitem__(self, idx: int) -> Module:
-        keys = list(self._modules)
-        return self._modules[keys[idx]]  # type: ignore[no-any-return]
+    @overload
+    def __getitem__(self, idx: slice) -> ModuleList: ...
+    @overload
+    def __getitem__(self, idx: int) -> Module: ...
+    def __getitem__(self, idx: int | slice) -> Module:
+        if isinstance(idx, slice):
+            return type(self)(list(self._modules.values())[idx])
+        return self._modules[str(_abs_index(idx, len(self)))]  # type: ignore[no-any-return]
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        setattr(self, str(_abs_index(idx, len(self))), module)
+
+    def __delitem__(self, idx: int | slice) -> None:
+        if isinstance(idx, slice):
+            for k in range(len(self._modules))[idx]:
+                delattr(self, str(k))
+        else:
+            delattr(self, str(_abs_index(idx, len(self))))
+        mods = list(self._modules.values())
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+
+    def __iadd__(self, modules: Iterable[Module]) -> ModuleList:
+        return self.extend(modules)
+
+    def __add__(self, other: Iterable[Module]) -> ModuleList:
+        combined = ModuleList()
+        for i, m in enumerate(itertools.chain(self, other)):
+            combined.add_module(str(i), m)
+        return combined
+
+    def insert(self, index: int, module: Module) -> None:
+        """Insert ``module`` before position ``index``."""
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        mods = list(self._modules.values())
+        mods.insert(index, module)
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
 
     def append(self, module: Module) -> ModuleList:
         """Add ``module`` at the end."""
         self.add_module(str(len(self)), module)
         return self
 
+    def pop(self, key: int | slice) -> Any:
+        """Remove and return the module (or the ``ModuleList`` of modules) at ``key``."""
+        v = self[key]
+        del self[key]
+        return v
+
     def extend(self, modules: Iterable[Module]) -> ModuleList:
-        for m in modules:
-            self.append(m)
+        """Append every module of the iterable ``modules``."""
+        if not isinstance(modules, Iterable):
+            raise TypeError(
+                "ModuleList.extend should be called with an iterable, but got " + type(modules).__name__
+            )
+        offset = len(self)
+        for i, m in enumerate(modules):
+            self.add_module(str(offset + i), m)
         return self
+
+
+class ModuleDict(Module):
+    """An ordered dict of modules whose parameters belong to the owner (PyTorch's ``ModuleDict``).
+
+    Keys are the submodule names (so the state dict keys are ``"<key>.<param>"``); insertion order is kept.
+    """
+
+    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None) -> None:
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]  # type: ignore[no-any-return]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, module)
+
+    def __delitem__(self, key: str) -> None:
+        del self._modules[key]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._modules
+
+    def clear(self) -> None:
+        """Remove every module."""
+        self._modules.clear()
+
+    def pop(self, key: str) -> Module:
+        """Remove ``key`` and return its module."""
+        v = self[key]
+        del self[key]
+        return v
+
+    def keys(self) -> Any:
+        return self._modules.keys()
+
+    def items(self) -> Any:
+        return self._modules.items()
+
+    def values(self) -> Any:
+        return self._modules.values()
+
+    def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
+        """Add (or replace) modules from a mapping or an iterable of ``(key, module)`` pairs."""
+        if isinstance(modules, (OrderedDict, ModuleDict, Mapping)):
+            for key, module in modules.items():
+                self[key] = module
+            return
+        if not isinstance(modules, Iterable):
+            raise TypeError(
+                "ModuleDict.update should be called with an iterable of key/value pairs, but got "
+                + type(modules).__name__
+            )
+        for j, m in enumerate(modules):
+            if not isinstance(m, (tuple, list)):
+                raise TypeError(
+                    f"ModuleDict update sequence element #{j} should be Iterable; is {type(m).__name__}"
+                )
+            if len(m) != 2:
+                raise ValueError(
+                    f"ModuleDict update sequence element #{j} has length {len(m)}; 2 is required"
+                )
+            self[m[0]] = m[1]
+
+
+def _as_param(value: Any) -> Any:
+    # torch wraps a plain Tensor put into a ParameterList/ParameterDict into a Parameter
+    if isinstance(value, Tensor) and not isinstance(value, Parameter):
+        return Parameter(value)
+    return value
+
+
+def _param_repr(p: Any) -> str:
+    if isinstance(p, Tensor):
+        size = "x".join(str(d) for d in p.shape)
+        kind = "Parameter containing" if isinstance(p, Parameter) else "Tensor containing"
+        return f"{kind}: [{p.dtype} of size {size}{'' if str(p.device) == 'cpu' else f' ({p.device})'}]"
+    return f"Object of type: {type(p).__name__}"
+
+
+class ParameterList(Module):
+    """A list of parameters registered on the owner (PyTorch's ``ParameterList``); keys ``"0"``, ``"1"``, ...
+
+    A plain Tensor added to it is wrapped in a `Parameter` (requiring grad), as in PyTorch.
+    """
+
+    def __init__(self, values: Iterable[Any] | None = None) -> None:
+        super().__init__()
+        object.__setattr__(self, "_size", 0)
+        if values is not None:
+            self += values
+
+    def __len__(self) -> int:
+        return self._size  # type: ignore[no-any-return]
+
+    def __getitem__(self, idx: int | slice) -> Any:
+        if isinstance(idx, slice):
+            out = ParameterList()
+            for i in range(self._size)[idx]:
+                out.append(self[i])
+            return out
+        return getattr(self, str(_abs_index(idx, self._size)))
+
+    def __setitem__(self, idx: int, param: Any) -> None:
+        setattr(self, str(_abs_index(idx, self._size)), _as_param(param))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self[i] for i in range(self._size))
+
+    def __iadd__(self, parameters: Iterable[Any]) -> ParameterList:
+        return self.extend(parameters)
+
+    def append(self, value: Any) -> ParameterList:
+        """Add ``value`` (a Parameter, a Tensor to wrap, or any object) at the end."""
+        new_idx = self._size
+        object.__setattr__(self, "_size", new_idx + 1)
+        self[new_idx] = value
+        return self
+
+    def extend(self, values: Iterable[Any]) -> ParameterList:
+        """Append every element of ``values``."""
+        if not isinstance(values, Iterable) or isinstance(values, Tensor):
+            raise TypeError("ParameterList.extend should be called with an iterable, but got " + type(values).__name__)
+        for v in values:
+            self.append(v)
+        return self
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"({i}): {_param_repr(p)}" for i, p in enumerate(self))
+
+
+class ParameterDict(Module):
+    """An ordered dict of parameters registered on the owner under their keys (PyTorch's ``ParameterDict``).
+
+    A plain Tensor put into it is wrapped in a `Parameter` (requiring grad), as in PyTorch.
+    """
+
+    def __init__(self, parameters: Any = None) -> None:
+        super().__init__()
+        object.__setattr__(self, "_keys", {})
+        if parameters is not None:
+            self.update(parameters)
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"ParameterDict keys must be strings, got {type(key).__name__}")
+        self._keys[key] = None
+        setattr(self, key, _as_param(value))
+
+    def __delitem__(self, key: str) -> None:
+        del self._keys[key]
+        delattr(self, key)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def keys(self) -> Any:
+        return self._keys.keys()
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return ((k, self[k]) for k in self._keys)
+
+    def values(self) -> Iterator[Any]:
+        return (self[k] for k in self._keys)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def pop(self, key: str) -> Any:
+        """Remove ``key`` and return its value."""
+        v = self[key]
+        del self[key]
+        return v
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        for k in list(self._keys):
+            del self[k]
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, parameters: Any) -> None:
+        """Add (or replace) entries from a mapping or an iterable of ``(key, value)`` pairs."""
+        if isinstance(parameters, (Mapping, ParameterDict)):
+            items = list(parameters.items())
+            if not isinstance(parameters, (OrderedDict, ParameterDict)) and isinstance(parameters, dict):
+                items = sorted(items)  # torch sorts a plain dict's keys
+            for k, v in items:
+                self[k] = v
+            return
+        if not isinstance(parameters, Iterable):
+            raise TypeError(
+                "ParametersDict.update should be called with an iterable of key/value pairs, but got "
+                + type(parameters).__name__
+            )
+        for j, p in enumerate(parameters):
+            if not isinstance(p, (tuple, list)) or len(p) != 2:
+                raise ValueError(f"ParameterDict update sequence element #{j} should be a (key, value) pair")
+            self[p[0]] = p[1]
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"({k}): {_param_repr(v)}" for k, v in self.items())
 
 
 class Identity(Module):
@@ -353,6 +723,110 @@ class Sigmoid(Module):
         return F.sigmoid(input)
 
 
+def _inplace_str(inplace: bool, first: bool = False) -> str:
+    if not inplace:
+        return ""
+    return "inplace=True" if first else ", inplace=True"
+
+
+class LeakyReLU(Module):
+    """``x`` where ``x > 0``, else ``negative_slope * x``."""
+
+    def __init__(self, negative_slope: float = 1e-2, inplace: bool = False) -> None:
+        super().__init__()
+        self.negative_slope = negative_slope
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.leaky_relu(input, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}{_inplace_str(self.inplace)}"
+
+
+class SiLU(Module):
+    """``x * sigmoid(x)``."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.silu(input)
+
+    def extra_repr(self) -> str:
+        return _inplace_str(self.inplace, first=True)
+
+
+class ELU(Module):
+    """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``."""
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.elu(input, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}{_inplace_str(self.inplace)}"
+
+
+class Softplus(Module):
+    """``log(1 + exp(beta * x)) / beta`` (linear where ``beta * x > threshold``)."""
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta = beta
+        self.threshold = threshold
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.softplus(input, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class Hardtanh(Module):
+    """``input`` clamped to ``[min_val, max_val]`` (gradient 1 strictly inside, 0 elsewhere)."""
+
+    def __init__(
+        self,
+        min_val: float = -1.0,
+        max_val: float = 1.0,
+        inplace: bool = False,
+        min_value: float | None = None,
+        max_value: float | None = None,
+    ) -> None:
+        super().__init__()
+        if min_value is not None:
+            min_val = min_value  # torch's deprecated spelling
+        if max_value is not None:
+            max_val = max_value
+        if max_val <= min_val:
+            raise AssertionError("max_val must be larger than min_val")
+        self.min_val = min_val
+        self.max_val = max_val
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.hardtanh(input, self.min_val, self.max_val)
+
+    def extra_repr(self) -> str:
+        return f"min_val={self.min_val}, max_val={self.max_val}{_inplace_str(self.inplace)}"
+
+
+class ReLU6(Hardtanh):
+    """``min(max(x, 0), 6)``."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(0.0, 6.0, inplace)
+
+    def extra_repr(self) -> str:
+        return _inplace_str(self.inplace, first=True)
+
+
 class GELU(Module):
     """Gaussian Error Linear Unit: exact (``approximate="none"``, the default) or ``"tanh"``."""
 
@@ -478,6 +952,123 @@ class LayerNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class _BatchNorm(Module):
+    """Shared code of `BatchNorm1d` and `BatchNorm2d` (PyTorch's ``_BatchNorm``)."""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        if affine:
+            self.weight = _new_param((num_features,), dtype, device)
+            if bias:
+                self.bias = _new_param((num_features,), dtype, device)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        dev = "cpu" if device is None else device
+        if track_running_stats:
+            dt = get_default_dtype() if dtype is None else np.dtype(dtype)
+            self.register_buffer("running_mean", _rt.zeros(num_features, dtype=dt, device=dev))
+            self.register_buffer("running_var", _rt.ones(num_features, dtype=dt, device=dev))
+            self.register_buffer("num_batches_tracked", _rt.tensor(0, dtype=np.int64, device=dev))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        """Running mean 0, running variance 1, ``num_batches_tracked`` 0 (in stream order)."""
+        if self.track_running_stats:
+            with _rt.no_grad():
+                self.running_mean.zero_()
+                self.running_var.fill_(1)
+                self.num_batches_tracked.zero_()
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        raise NotImplementedError
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        factor: Any = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            with _rt.no_grad():
+                self.num_batches_tracked.add_(1)
+                if self.momentum is None:  # cumulative moving average: 1 / batches seen (a lazy tensor)
+                    factor = 1.0 / self.num_batches_tracked.to(dtype=np.float64)
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        use_running = not self.training or self.track_running_stats
+        return F.batch_norm(
+            input,
+            self.running_mean if use_running else None,
+            self.running_var if use_running else None,
+            self.weight,
+            self.bias,
+            bn_training,
+            factor,
+            self.eps,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+            f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}"
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation of ``(N, C)`` or ``(N, C, L)`` inputs over the batch (and length) dims.
+
+    Args:
+        num_features: ``C``.
+        eps: Added to the variance.
+        momentum: Weight of the new batch statistic in the running estimates (``None``: a cumulative
+            average, ``1 / num_batches_tracked``).
+        affine: Learn a per-channel weight (init 1) and bias (init 0).
+        track_running_stats: Keep ``running_mean`` / ``running_var`` / ``num_batches_tracked`` buffers
+            (updated in training, used in eval); without them the batch statistics are always used.
+        device: Device of the parameters and buffers.
+        dtype: Their dtype.
+        bias: Learn the bias (when ``affine``).
+    """
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.ndim not in (2, 3):
+            raise ValueError(f"expected 2D or 3D input (got {input.ndim}D input)")
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation of ``(N, C, H, W)`` inputs over the batch and spatial dims (see `BatchNorm1d`)."""
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.ndim != 4:
+            raise ValueError(f"expected 4D input (got {input.ndim}D input)")
 
 
 class Embedding(Module):

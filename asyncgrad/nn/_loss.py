@@ -8,14 +8,31 @@ from ..runtime import Tensor
 from . import functional as F
 from ._module import Module
 
-__all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "MSELoss", "NLLLoss"]
+__all__ = [
+    "BCELoss",
+    "BCEWithLogitsLoss",
+    "CrossEntropyLoss",
+    "HuberLoss",
+    "KLDivLoss",
+    "L1Loss",
+    "MSELoss",
+    "NLLLoss",
+    "SmoothL1Loss",
+]
 
 
 class _Loss(Module):
-    def __init__(self, reduction: str = "mean") -> None:
+    _reductions: tuple[str, ...] = ("mean", "sum", "none")
+
+    def __init__(self, reduction: str = "mean", size_average: Any = None, reduce: Any = None) -> None:
         super().__init__()
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"{reduction} is not a valid value for reduction (use 'mean', 'sum' or 'none')")
+        if size_average is not None or reduce is not None:  # PyTorch's legacy arguments
+            sa = True if size_average is None else size_average
+            rd = True if reduce is None else reduce
+            reduction = ("mean" if sa else "sum") if rd else "none"
+        if reduction not in self._reductions:
+            allowed = ", ".join(repr(r) for r in self._reductions)
+            raise ValueError(f"{reduction} is not a valid value for reduction (use one of {allowed})")
         self.reduction = reduction
 
     def extra_repr(self) -> str:
@@ -94,3 +111,65 @@ class BCEWithLogitsLoss(_Loss):
         return F.binary_cross_entropy_with_logits(
             input, target, weight=self.weight, pos_weight=self.pos_weight, reduction=self.reduction
         )
+
+
+class L1Loss(_Loss):
+    """Mean absolute error ``|input - target|`` with the chosen reduction."""
+
+    def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean") -> None:
+        super().__init__(reduction, size_average, reduce)
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta``."""
+
+    def __init__(
+        self, size_average: Any = None, reduce: Any = None, reduction: str = "mean", beta: float = 1.0
+    ) -> None:
+        super().__init__(reduction, size_average, reduce)
+        self.beta = beta
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``."""
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction)
+        self.delta = delta
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class BCELoss(_Loss):
+    """Binary cross entropy of probabilities (logs clamped at -100), with an optional ``weight``."""
+
+    def __init__(
+        self, weight: Tensor | None = None, size_average: Any = None, reduce: Any = None, reduction: str = "mean"
+    ) -> None:
+        super().__init__(reduction, size_average, reduce)
+        self.register_buffer("weight", weight)
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:
+        return F.binary_cross_entropy(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class KLDivLoss(_Loss):
+    """KL divergence of log-probabilities ``input`` from ``target`` (reduction may be ``"batchmean"``)."""
+
+    _reductions = ("mean", "sum", "none", "batchmean")
+
+    def __init__(
+        self, size_average: Any = None, reduce: Any = None, reduction: str = "mean", log_target: bool = False
+    ) -> None:
+        super().__init__(reduction, size_average, reduce)
+        self.log_target = log_target
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)

@@ -62,6 +62,14 @@ class _IncompatibleKeys(NamedTuple):
     missing_keys: list[str]
     unexpected_keys: list[str]
 
+    def __repr__(self) -> str:
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return f"_IncompatibleKeys(missing_keys={self.missing_keys!r}, unexpected_keys={self.unexpected_keys!r})"
+
+    def __str__(self) -> str:
+        return self.__repr__()
+
 
 def _as_numpy(v: Any) -> np.ndarray:
     if isinstance(v, Tensor):
@@ -176,7 +184,7 @@ class Module:
             raise TypeError(
                 f"cannot assign {type(param).__name__} as parameter {name!r} (nn.Parameter or None expected)"
             )
-        self._check_name(name)
+        self._check_name(name, "_parameters")
         self._parameters[name] = param
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
@@ -191,7 +199,7 @@ class Module:
             raise TypeError(
                 f"cannot assign {type(tensor).__name__} as buffer {name!r} (Tensor or None expected)"
             )
-        self._check_name(name)
+        self._check_name(name, "_buffers")
         self._buffers[name] = tensor
         if persistent:
             self._non_persistent.discard(name)
@@ -202,16 +210,20 @@ class Module:
         """Add a child module under ``name``."""
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module subclass")
-        self._check_name(name)
+        self._check_name(name, "_modules")
         self._modules[name] = module
 
     register_module = add_module
 
-    def _check_name(self, name: str) -> None:
-        if not isinstance(name, str) or not name or "." in name:
+    def _check_name(self, name: str, table: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name should be a string, got {type(name).__name__}")
+        if not name or "." in name:
             raise KeyError(f"invalid name {name!r}: a non-empty string without '.' is expected")
-        if name in self.__dict__ and name not in ("training",):
-            raise KeyError(f"attribute {name!r} already exists")
+        # as PyTorch: re-registering under the same kind replaces; any other attribute (a parameter,
+        # buffer or submodule of another kind, an instance or class attribute) is an error
+        if hasattr(self, name) and name not in self.__dict__[table]:
+            raise KeyError(f"attribute '{name}' already exists")
 
     # ---- forward --------------------------------------------------------------------------------
 
@@ -342,11 +354,16 @@ class Module:
     # ---- modes and gradients --------------------------------------------------------------------
 
     def train(self, mode: bool = True) -> Module:
-        """Set training mode (affects Dropout and similar layers) on this module and all submodules."""
+        """Set training mode (affects Dropout and similar layers) on this module and all submodules.
+
+        As in PyTorch, this sets ``self.training`` and calls ``child.train(mode)`` on each direct child,
+        so a child that overrides ``train`` is respected.
+        """
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")
-        for m in self.modules():
-            object.__setattr__(m, "training", mode)
+        object.__setattr__(self, "training", mode)
+        for m in self.children():
+            m.train(mode)
         return self
 
     def eval(self) -> Module:
@@ -378,15 +395,30 @@ class Module:
     # ---- devices and dtypes ---------------------------------------------------------------------
 
     def _convert(self, fn: Callable[[Tensor], Tensor]) -> Module:
+        # PyTorch's ``_apply``: a parameter that stays on its device keeps its identity (its value, and
+        # its ``.grad``'s, are swapped through ``.data``), so optimizers built earlier still update it;
+        # buffers are replaced by the converted tensors
         for m in self.modules():
             for name, p in list(m._parameters.items()):
                 if p is None:
                     continue
                 with no_grad():
                     new = fn(p)
+                    g = p.grad
+                    new_g = None if g is None else fn(g)
                 if new is p:
                     continue
-                m._parameters[name] = Parameter(new.detach(), requires_grad=p.requires_grad)
+                if new._dev is p._dev:
+                    p.data = new
+                    if g is not None and new_g is not g:
+                        assert new_g is not None
+                        g.data = new_g
+                    continue
+                # a device move: a new Parameter (create optimizers after moving between devices)
+                q = Parameter(new.detach(), requires_grad=p.requires_grad)
+                if new_g is not None:
+                    q.grad = new_g.detach()
+                m._parameters[name] = q
             for name, b in list(m._buffers.items()):
                 if b is not None:
                     with no_grad():
@@ -396,11 +428,18 @@ class Module:
     def to(self, device: Any = None, dtype: Any = None) -> Module:
         """Move parameters and buffers to ``device`` and/or cast floating ones to ``dtype``.
 
-        Parameters are replaced by new `Parameter` objects when they change, so create optimizers after
-        calling ``to``. ``module.to("float64")`` casts only.
+        As in PyTorch, a dtype cast keeps every `Parameter` object (its value and its ``.grad`` are
+        converted in place through ``.data``), so an optimizer created before ``to`` still updates the
+        model. A move to another device replaces the parameters by new `Parameter` objects (an
+        asyncgrad limitation), so create optimizers after moving between devices.
+        ``module.to("float64")`` / ``module.to(ag.float64)`` casts only.
         """
         if dtype is None and _is_dtype_like(device):
             device, dtype = None, device
+        if dtype is not None and np.dtype(dtype).kind not in "fc":
+            raise TypeError(
+                f"nn.Module.to only accepts floating point or complex dtypes, but got desired dtype={dtype}"
+            )
 
         def conv(t: Tensor) -> Tensor:
             out = t
@@ -412,6 +451,19 @@ class Module:
 
         return self._convert(conv)
 
+    def type(self, dst_type: Any) -> Module:
+        """Cast every parameter and buffer (floating or not) to ``dst_type``."""
+        dt = np.dtype(dst_type)
+
+        def conv(t: Tensor) -> Tensor:
+            return t if t.dtype == dt else t.to(dtype=dt)
+
+        return self._convert(conv)
+
+    def cpu(self) -> Module:
+        """Move parameters and buffers to the CPU device."""
+        return self.to("cpu")
+
     def double(self) -> Module:
         """Cast floating point parameters and buffers to float64."""
         return self.to(dtype=np.float64)
@@ -419,6 +471,30 @@ class Module:
     def float(self) -> Module:
         """Cast floating point parameters and buffers to float32."""
         return self.to(dtype=np.float32)
+
+    def half(self) -> Module:
+        """Cast floating point parameters and buffers to float16."""
+        return self.to(dtype=np.float16)
+
+    def get_parameter(self, target: str) -> Tensor:
+        """The parameter at dotted path ``target`` (e.g. ``"block.fc.weight"``)."""
+        mod_path, _, name = target.rpartition(".")
+        mod = self.get_submodule(mod_path)
+        if not hasattr(mod, name):
+            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
+        if name not in mod._parameters:
+            raise AttributeError(f"`{name}` is not an nn.Parameter")
+        return mod._parameters[name]  # type: ignore[no-any-return]
+
+    def get_buffer(self, target: str) -> Tensor:
+        """The buffer at dotted path ``target`` (e.g. ``"bn.running_mean"``)."""
+        mod_path, _, name = target.rpartition(".")
+        mod = self.get_submodule(mod_path)
+        if not hasattr(mod, name):
+            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
+        if name not in mod._buffers:
+            raise AttributeError(f"`{name}` is not a buffer")
+        return mod._buffers[name]  # type: ignore[no-any-return]
 
     # ---- state dicts ----------------------------------------------------------------------------
 

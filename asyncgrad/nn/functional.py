@@ -6,6 +6,8 @@ Thin re-exports of the ops in `asyncgrad.runtime` (each one op with its backward
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,24 +30,40 @@ from ..runtime import (
     nll_loss,
 )
 from ..runtime import gelu as _gelu_op
+from ..runtime._ops_nn2 import _reduce, _reduction
 
 __all__ = [
     "avg_pool2d",
+    "batch_norm",
+    "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
     "conv2d",
     "cross_entropy",
     "dropout",
+    "elu",
     "embedding",
     "gelu",
+    "hardtanh",
+    "huber_loss",
+    "kl_div",
+    "l1_loss",
     "layer_norm",
+    "leaky_relu",
     "linear",
     "log_softmax",
     "max_pool2d",
     "mse_loss",
     "nll_loss",
+    "normalize",
+    "one_hot",
+    "pad",
     "relu",
+    "relu6",
     "sigmoid",
+    "silu",
+    "smooth_l1_loss",
     "softmax",
+    "softplus",
     "tanh",
 ]
 
@@ -134,3 +152,374 @@ def log_softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Ten
     if dtype is not None:
         input = input.to(dtype=dtype)
     return _rt.log_softmax(input, -1 if dim is None else dim)
+
+
+# ---- more activations (composed of differentiable ops, so second derivatives come for free) ----------
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > 0``, else ``negative_slope * x`` (``inplace`` is accepted; the result is new)."""
+    return _rt.where(input > 0, input, input * negative_slope)
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    """``x * sigmoid(x)`` (also called swish)."""
+    return input * _rt.sigmoid(input)
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``."""
+    pos = input > 0
+    neg = _rt.where(pos, 0.0, input)  # keeps exp() finite (and its gradient 0) where x > 0
+    return _rt.where(pos, input, _rt.expm1(neg) * alpha)
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """``log(1 + exp(beta * x)) / beta``, and ``x`` itself where ``beta * x > threshold``."""
+    bx = input * beta
+    lin = bx > threshold
+    safe = _rt.where(lin, 0.0, bx)
+    return _rt.where(lin, input, _rt.log1p(_rt.exp(safe)) / beta)
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
+    """``input`` clamped to ``[min_val, max_val]``; the gradient is 0 outside the open interval (as torch)."""
+    if min_val > max_val:
+        raise ValueError("min_val cannot be greater than max_val")
+    return _rt.where(input <= min_val, min_val, _rt.where(input >= max_val, max_val, input))
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:
+    """``min(max(x, 0), 6)`` (``hardtanh(x, 0, 6)``)."""
+    return hardtanh(input, 0.0, 6.0)
+
+
+# ---- more losses -------------------------------------------------------------------------------------
+
+
+def _loss_shapes(op: str, input: Tensor, target: Any) -> Any:
+    if not isinstance(target, Tensor):
+        target = _rt.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+    if tuple(target.shape) != tuple(input.shape):
+        warnings.warn(
+            f"Using a target size ({tuple(target.shape)}) that is different to the input size "
+            f"({tuple(input.shape)}). This will likely lead to incorrect results due to broadcasting. "
+            "Please ensure they have the same size.",
+            stacklevel=3,
+        )
+    return target
+
+
+def _weighted(loss: Tensor, weight: Tensor | None, input: Tensor, reduction: str, mean_by_weight: bool) -> Tensor:
+    if weight is None:
+        return _reduce(loss, reduction)
+    if tuple(weight.shape) != tuple(input.shape):
+        raise ValueError("Weights and input must have the same size.")
+    wl = loss * weight
+    if reduction == "mean" and mean_by_weight:
+        return wl.sum() / weight.sum()  # type: ignore[attr-defined,no-any-return]
+    return _reduce(wl, reduction)
+
+
+def l1_loss(
+    input: Tensor,
+    target: Any,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    weight: Tensor | None = None,
+) -> Tensor:
+    """Mean absolute error ``|input - target|`` (with ``weight``, 'mean' is ``sum(w*|d|) / sum(w)``)."""
+    reduction = _reduction(size_average, reduce, reduction)
+    target = _loss_shapes("l1_loss", input, target)
+    return _weighted(_rt.abs(input - target), weight, input, reduction, True)
+
+
+def smooth_l1_loss(
+    input: Tensor,
+    target: Any,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
+    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (``d = input - target``)."""
+    reduction = _reduction(size_average, reduce, reduction)
+    if beta < 0:
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+    target = _loss_shapes("smooth_l1_loss", input, target)
+    d = input - target
+    ad = _rt.abs(d)
+    if beta == 0.0:
+        return _reduce(ad, reduction)
+    loss = _rt.where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta)
+    return _reduce(loss, reduction)
+
+
+def huber_loss(
+    input: Tensor, target: Any, reduction: str = "mean", delta: float = 1.0, weight: Tensor | None = None
+) -> Tensor:
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (with ``weight``: mean of ``w*l``)."""
+    reduction = _reduction(None, None, reduction)
+    if delta <= 0:
+        raise RuntimeError("huber_loss does not support non-positive values for delta.")
+    target = _loss_shapes("huber_loss", input, target)
+    d = input - target
+    ad = _rt.abs(d)
+    loss = _rt.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)
+    return _weighted(loss, weight, input, reduction, False)
+
+
+def _bce_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if tuple(t.shape) != tuple(x.shape):
+        raise OpError(f"binary_cross_entropy: target {tuple(t.shape)} and input {tuple(x.shape)} differ")
+    if w is not None:
+        np.broadcast_shapes(tuple(w.shape), tuple(x.shape))
+    return tuple(x.shape), x.dtype
+
+
+def _bce_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    if x.size and (np.any(x < 0) or np.any(x > 1) or np.any(np.isnan(x))):
+        raise RuntimeError("all elements of input should be between 0 and 1")
+    with np.errstate(divide="ignore"):
+        lx = np.maximum(np.log(x), -100)
+        l1x = np.maximum(np.log(1 - x), -100)
+    loss = -(t * lx + (1 - t) * l1x)
+    if w is not None:
+        loss = loss * w
+    return np.asarray(loss, x.dtype)
+
+
+def _bce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    x, t, w = args
+    gw = g if w is None else g * w
+    gx = gt = None
+    if needs[0]:  # torch: grad * (x - t) / max(x (1 - x), 1e-12)
+        d = x * (1 - x)
+        small = xp.value(d) < 1e-12
+        gx = gw * (x - t) / xp.where(small, 1e-12, d)
+    if needs[1]:  # torch: grad * (clamp(log(1 - x), -100) - clamp(log(x), -100))
+        xv = xp.value(x)
+        with np.errstate(divide="ignore"):
+            lo = np.log(xv) < -100
+            hi = np.log(1 - xv) < -100
+        lx = xp.where(lo, -100.0, xp.log(xp.where(lo, 1.0, x)))
+        l1x = xp.where(hi, -100.0, xp.log(xp.where(hi, 1.0, 1 - x)))
+        gt = gw * (l1x - lx)
+    return (gx, gt, None)
+
+
+OP_BCE = defop("binary_cross_entropy", _bce_kernel, _bce_meta, _bce_rule)
+
+
+def binary_cross_entropy(
+    input: Tensor,
+    target: Any,
+    weight: Tensor | None = None,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Binary cross entropy of probabilities ``input`` in [0, 1] (each log is clamped at -100, as torch).
+
+    Args:
+        input: Probabilities.
+        target: Same shape as ``input``, values in [0, 1]; differentiable.
+        weight: Rescales each element's loss (broadcast to ``input``; not differentiated).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+    """
+    reduction = _reduction(size_average, reduce, reduction)
+    if input.dtype.kind not in "fc":
+        raise OpError(f"binary_cross_entropy: expected a floating point input, got dtype {input.dtype}")
+    if not isinstance(target, Tensor):
+        target = _rt.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(
+            f"Using a target size ({tuple(target.shape)}) that is different to the input size "
+            f"({tuple(input.shape)}) is deprecated. Please ensure they have the same size."
+        )
+    if weight is not None:
+        weight = weight.detach()
+    return _reduce(apply(OP_BCE, (input, target, weight)), reduction)
+
+
+def _xlogy_self(t: Tensor) -> Tensor:
+    zero = t == 0
+    return _rt.where(zero, 0.0, t * _rt.log(_rt.where(zero, 1.0, t)))
+
+
+def kl_div(
+    input: Tensor,
+    target: Any,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    log_target: bool = False,
+) -> Tensor:
+    """KL divergence ``target * (log(target) - input)`` of log-probabilities ``input``.
+
+    Args:
+        input: Log-probabilities.
+        target: Probabilities (or log-probabilities with ``log_target=True``); differentiable.
+        reduction: ``"mean"`` (over all elements, as torch), ``"batchmean"`` (sum / batch size, the
+            mathematically correct KL), ``"sum"`` or ``"none"``.
+        log_target: Whether ``target`` holds log-probabilities.
+    """
+    if reduction == "batchmean":
+        if size_average is not None or reduce is not None:
+            reduction = _reduction(size_average, reduce, "mean")
+    else:
+        reduction = _reduction(size_average, reduce, reduction)
+    if reduction == "mean":
+        warnings.warn(
+            "reduction: 'mean' divides the total loss by both the batch size and the support size."
+            "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+            "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+            stacklevel=2,
+        )
+    if not isinstance(target, Tensor):
+        target = _rt.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+    if log_target:
+        loss = _rt.exp(target) * (target - input)
+    else:
+        loss = _xlogy_self(target) - target * input
+    if reduction == "batchmean":
+        if input.ndim == 0:
+            return loss.sum()  # type: ignore[attr-defined,no-any-return]
+        return loss.sum() / input.shape[0]  # type: ignore[attr-defined,no-any-return]
+    return _reduce(loss, reduction)
+
+
+# ---- one_hot, pad, normalize ------------------------------------------------------------------------
+
+
+def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
+    """One-hot encoding of integer class values: an int64 tensor of shape ``(*tensor.shape, num_classes)``.
+
+    ``num_classes=-1`` uses ``max + 1``. Waits for ``tensor``'s value (it checks the range); not
+    differentiable.
+    """
+    dev: Any
+    if isinstance(tensor, Tensor):
+        a, dev = tensor._value(), tensor.device
+    else:
+        a, dev = np.asarray(tensor), "cpu"
+    if a.dtype.kind not in "iu":
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if num_classes == -1:
+        if a.size == 0:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        num_classes = int(a.max()) + 1
+    if a.size:
+        if a.min() < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        if a.max() >= num_classes:
+            raise RuntimeError("Class values must be smaller than num_classes.")
+    out = (a[..., None] == np.arange(num_classes)).astype(np.int64)
+    return _rt.tensor(out, dtype=np.int64, device=dev)
+
+
+def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """Pad ``input`` (constant mode): ``pad = (left, right)`` for the last dim, then the one before, ...
+
+    Negative amounts crop, as in torch. Differentiable. Only ``mode="constant"`` is supported.
+    """
+    if mode != "constant":
+        raise NotImplementedError(f"pad: mode={mode!r} is not supported (only 'constant')")
+    pad = [int(p) for p in pad]
+    if len(pad) % 2:
+        raise ValueError("Padding length must be divisible by 2")
+    if len(pad) // 2 > input.ndim:
+        raise ValueError("Padding length should be less than or equal to two times the input dimension")
+    fill = 0 if value is None else value
+    out = input
+    for i in range(len(pad) // 2):
+        dim = input.ndim - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        n = out.shape[dim]
+        if lo < 0 or hi < 0:  # crop first
+            start, stop = max(-lo, 0), n - max(-hi, 0)
+            if stop < start:
+                raise RuntimeError(f"pad: the padded size of dim {dim} would be negative")
+            idx = (slice(None),) * dim + (slice(start, stop),)
+            out = out[idx]
+        parts = []
+        if lo > 0:
+            shape = list(out.shape)
+            shape[dim] = lo
+            parts.append(_rt.full(tuple(shape), fill, dtype=input.dtype, device=input.device))
+        parts.append(out)
+        if hi > 0:
+            shape = list(out.shape)
+            shape[dim] = hi
+            parts.append(_rt.full(tuple(shape), fill, dtype=input.dtype, device=input.device))
+        if len(parts) > 1:
+            out = _rt.concat(parts, dim)
+    return out
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Tensor:
+    """``input / max(||input||_p, eps)`` along ``dim``."""
+    if out is not None:
+        raise NotImplementedError("normalize: out= is not supported")
+    denom = _rt.clamp_min(_rt.norm(input, p, dim, keepdim=True), eps)
+    return input / denom
+
+
+# ---- batch norm ----------------------------------------------------------------------------------------
+
+
+def batch_norm(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: Any = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Batch normalisation over the channel dim 1 of ``(N, C, *)`` inputs (``torch.nn.functional.batch_norm``).
+
+    In training, the batch statistics normalise (biased variance) and, when given, ``running_mean`` /
+    ``running_var`` are updated in place (in stream order, outside the graph) with
+    ``running = (1 - momentum) * running + momentum * batch_stat`` (the unbiased variance for
+    ``running_var``). ``momentum`` may be a number or a scalar Tensor. Otherwise the running statistics
+    normalise. Built from differentiable ops, so gradients of every order flow to input, weight, bias.
+    """
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm: expected an input of at least 2 dims (N, C, *), got shape {input.shape}")
+    c = input.shape[1]
+    axes = (0, *range(2, input.ndim))
+    bshape = (1, c) + (1,) * (input.ndim - 2)
+    for name, v in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+        if v is not None and tuple(v.shape) != (c,):
+            raise RuntimeError(f"batch_norm: {name} should contain {c} elements not {int(np.prod(v.shape))}")
+    if training:
+        n = int(np.prod([input.shape[a] for a in axes]))
+        if n <= 1:
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got input size {tuple(input.shape)}"
+            )
+        mean = _rt.mean(input, axes, keepdim=True)
+        var = _rt.var(input, axes, keepdim=True, correction=0)
+        if running_mean is not None or running_var is not None:
+            with _rt.no_grad():
+                m = momentum
+                if running_mean is not None:
+                    new = mean.detach().reshape((c,)).to(dtype=running_mean.dtype) * m
+                    running_mean.mul_(1 - m).add_(new)
+                if running_var is not None:
+                    unb = var.detach().reshape((c,)) * (n / (n - 1))
+                    running_var.mul_(1 - m).add_(unb.to(dtype=running_var.dtype) * m)
+    else:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("batch_norm: running_mean and running_var must be defined in evaluation mode")
+        mean = running_mean.reshape(bshape)
+        var = running_var.reshape(bshape)
+    out = (input - mean) * _rt.rsqrt(var + eps)
+    if weight is not None:
+        out = out * weight.reshape(bshape)
+    if bias is not None:
+        out = out + bias.reshape(bshape)
+    return out
