@@ -30,7 +30,7 @@ from ..runtime import (
     nll_loss,
 )
 from ..runtime import gelu as _gelu_op
-from ..runtime._ops_nn2 import _reduce, _reduction
+from ..runtime._ops_nn2 import _reduce, _reduction, _weighted
 
 __all__ = [
     "avg_pool2d",
@@ -208,17 +208,6 @@ def _loss_shapes(op: str, input: Tensor, target: Any) -> Any:
             stacklevel=3,
         )
     return target
-
-
-def _weighted(loss: Tensor, weight: Tensor | None, input: Tensor, reduction: str, mean_by_weight: bool) -> Tensor:
-    if weight is None:
-        return _reduce(loss, reduction)
-    if tuple(weight.shape) != tuple(input.shape):
-        raise ValueError("Weights and input must have the same size.")
-    wl = loss * weight
-    if reduction == "mean" and mean_by_weight:
-        return wl.sum() / weight.sum()  # type: ignore[attr-defined,no-any-return]
-    return _reduce(wl, reduction)
 
 
 def l1_loss(

@@ -670,6 +670,21 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
     return loss
 
 
+def _weighted(loss: Tensor, weight: Tensor | None, input: Tensor, reduction: str, mean_by_weight: bool) -> Tensor:
+    """Reduce an elementwise loss, weighted per element by ``weight`` if given (``mean_by_weight``: the
+    weighted 'mean' divides by the sum of the weights, not by the count)."""
+    if weight is None:
+        return _reduce(loss, reduction)
+    if tuple(weight.shape) != tuple(input.shape):
+        raise ValueError(
+            f"loss weight has shape {tuple(weight.shape)} but the input has {tuple(input.shape)}; they must match"
+        )
+    wl = loss * weight
+    if reduction == "mean" and mean_by_weight:
+        return wl.sum() / weight.sum()  # type: ignore[attr-defined,no-any-return]
+    return _reduce(wl, reduction)
+
+
 def _class_targets(op: str, x: Tensor, target: Any) -> Any:
     t = _index_arg(op, target)
     want = (x.shape[0], *x.shape[2:])
@@ -950,14 +965,7 @@ def mse_loss(
     reduction = _reduction(size_average, reduce, reduction)
     d = input - target
     se = d * d
-    if weight is None:
-        return _reduce(se, reduction)
-    if tuple(weight.shape) != tuple(input.shape):
-        raise ValueError("Weights and input must have the same size.")
-    wse = se * weight
-    if reduction == "mean":
-        return wse.sum() / weight.sum()  # type: ignore[attr-defined,no-any-return]
-    return _reduce(wse, reduction)
+    return _weighted(se, weight, input, reduction, True)
 
 
 def _bce_meta(x: Tensor, t: Any, w: Any, pw: Any) -> Any:
