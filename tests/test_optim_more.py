@@ -183,6 +183,21 @@ def _hyper(opt) -> list[tuple]:
     return [(g["lr"], g.get("momentum"), tuple(g["betas"]) if "betas" in g else None) for g in opt.param_groups]
 
 
+# PyTorch's step() computes these schedules in closed form too, so they agree exactly; the others it
+# computes by a recurrence (lr_t from lr_{t-1}), which rounds differently from our closed forms: they
+# agree to an ulp or a few (cosine's recurrence drifts to ~1e-14), hence rel=1e-12 there.
+TORCH_CLOSED_FORM = {"lambda", "lambda_list", "warm_restarts", "warm_restarts_mult", "cyclic", "cyclic_exp"}
+TORCH_CLOSED_FORM |= {n for n in SCHEDULERS if n.startswith("onecycle")}
+
+
+def _flat(rows: list[tuple]) -> list[float | None]:
+    return [x for row in rows for v in row for x in (v if isinstance(v, tuple) else (v,))]
+
+
+def _same(ours: list, theirs: list, exact: bool) -> bool:
+    return ours == theirs if exact else ours == pytest.approx(theirs, rel=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 @pytest.mark.parametrize("name", list(SCHEDULERS))
 async def test_scheduler_sequences_match_torch(rt, name: str, kind: str) -> None:
@@ -193,15 +208,16 @@ async def test_scheduler_sequences_match_torch(rt, name: str, kind: str) -> None
         warnings.simplefilter("ignore")
         ts = make(torch.optim.lr_scheduler, topt)
         ag_s = make(lr_scheduler, aopt)
-        assert ag_s.get_last_lr() == ts.get_last_lr()
-        assert _hyper(aopt) == _hyper(topt)
+        exact = name in TORCH_CLOSED_FORM
+        assert _same(ag_s.get_last_lr(), ts.get_last_lr(), exact)
+        assert _same(_flat(_hyper(aopt)), _flat(_hyper(topt)), exact)
         for _ in range(30):
             topt.step()
             aopt.step()
             ts.step()
             ag_s.step()
-            assert ag_s.get_last_lr() == ts.get_last_lr()  # exactly: same formulas, same order
-            assert _hyper(aopt) == _hyper(topt)
+            assert _same(ag_s.get_last_lr(), ts.get_last_lr(), exact)
+            assert _same(_flat(_hyper(aopt)), _flat(_hyper(topt)), exact)
             assert getattr(ag_s, "last_epoch", None) == getattr(ts, "last_epoch", None)
         if hasattr(ts, "base_lrs"):
             assert ag_s.base_lrs == ts.base_lrs

@@ -1,24 +1,23 @@
-"""Learning-rate schedulers with PyTorch's names and exact lr sequences (``torch.optim.lr_scheduler``).
+"""Learning-rate schedulers with PyTorch's names, signatures and schedules (``torch.optim.lr_scheduler``).
 
-A scheduler changes ``group["lr"]`` of its optimizer's parameter groups (plain Python floats); the
-optimizer reads the group's ``lr`` each time ``step()`` queues an update, so changing it affects only
-updates queued afterwards. Schedulers never touch tensors and never wait for device work.
+Design. A scheduler is a function of the epoch: ``get_lr()`` returns the schedule's learning rates at
+``last_epoch``, computed in closed form from ``base_lrs`` (the groups' ``initial_lr``; `MultiplicativeLR`,
+whose factors are arbitrary functions, keeps a running product instead). ``step()``
+advances the epoch and writes those values into the optimizer's groups. Closed forms do not drift over
+long runs; they agree with PyTorch's recurrences (its ``step()``) to rounding, and exactly with PyTorch's
+closed forms (its deprecated ``step(epoch)``).
 
-The formulas and their evaluation order are PyTorch 2's: ``step()`` uses the *chainable* form (the new
-lr computed from the group's current lr), ``step(epoch)`` (deprecated, as in PyTorch) the closed form
-where one exists, so sequences of `LRScheduler.get_last_lr` match PyTorch's float for float.
+Schedulers still compose, as PyTorch's do when several are stepped on one optimizer (or through
+`ChainedScheduler`): each scheduler remembers its own value at the previous epoch. If the group's lr
+still equals it, nothing else scaled the lr and the new closed-form value is written as is; otherwise
+another scheduler (or the user) changed it, and this scheduler applies only its own relative change,
+``lr * new / old`` (for `CosineAnnealingLR` with ``eta_min`` this scales the whole lr, where PyTorch's
+recurrence scales its distance to ``eta_min``). Schedules that PyTorch defines as absolute
+(`LambdaLR`, `OneCycleLR`, `CyclicLR`, `CosineAnnealingWarmRestarts`) always write their value.
 
-Example::
-
-    opt = ag.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sched = ag.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.1)
-    for epoch in range(100):
-        for x, y in batches:
-            loss = loss_fn(model(x), y)
-            await loss.backward()
-            opt.step()
-            opt.zero_grad()
-        sched.step()
+`ReduceLROnPlateau` reacts to a metric instead of the epoch; `SequentialLR` and `ChainedScheduler`
+drive other schedulers. ``state_dict()`` holds every attribute except the optimizer; functions given by
+the user (lambdas, ``scale_fn``) are not saved, as in PyTorch: pass them again to the constructor.
 """
 
 from __future__ import annotations
@@ -27,11 +26,8 @@ import math
 import types
 import warnings
 from bisect import bisect_right
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from functools import wraps
-from typing import Any, SupportsFloat
-from weakref import ref
+from typing import Any, ClassVar
 
 from ._optimizer import Optimizer
 
@@ -54,293 +50,335 @@ __all__ = [
     "StepLR",
 ]
 
-EPOCH_DEPRECATION_WARNING = (
-    "The epoch parameter in `scheduler.step()` was not necessary and is being deprecated where possible. "
-    "Please use `scheduler.step()` to step the scheduler. During the deprecation, if epoch is different "
-    "from None, the closed form is used instead of the new chainable form, where available."
-)
+_STEPPED = "_lr_scheduler_saw_step"  # set on an optimizer once its (wrapped) step() has run
 
 
-def _format_param(name: str, optimizer: Optimizer, param: Any) -> list[Any]:
-    """One value per parameter group: ``param`` repeated, or a list checked for length."""
-    if isinstance(param, (list, tuple)):
-        if len(param) != len(optimizer.param_groups):
-            raise ValueError(
-                f"{name} must have the same length as optimizer.param_groups. {name} has {len(param)} "
-                f"values, param_groups has {len(optimizer.param_groups)}."
-            )
-        return list(param)
-    return [param] * len(optimizer.param_groups)
-
-
-def _group_vals(optimizer: Optimizer, key: str) -> list[Any]:
-    return [group[key] for group in optimizer.param_groups]
-
-
-class LRScheduler:
-    """Base class of the schedulers (``torch.optim.lr_scheduler.LRScheduler``).
-
-    The constructor sets ``group["initial_lr"]`` (if absent; required when ``last_epoch >= 0``),
-    records ``base_lrs`` and takes the initial step (``last_epoch`` becomes ``last_epoch + 1``).
-    Subclasses define `get_lr` (chainable form) and optionally ``_get_closed_form_lr``.
-
-    Args:
-        optimizer: The wrapped optimizer.
-        last_epoch: Index of the last epoch, to resume a schedule (-1: start from the beginning).
-    """
-
-    _get_lr_called_within_step: bool = False
-    _is_initial: bool = False
-
-    def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
-        self.optimizer = optimizer
-        if last_epoch == -1:
-            for group in optimizer.param_groups:
-                group.setdefault("initial_lr", group["lr"])
-        else:
-            for i, group in enumerate(optimizer.param_groups):
-                if "initial_lr" not in group:
-                    raise KeyError(
-                        f"param 'initial_lr' is not specified in param_groups[{i}] when resuming scheduler "
-                        "with last_epoch >= 0 (load the optimizer's state dict first)"
-                    )
-        self.base_lrs: list[float] = _group_vals(optimizer, "initial_lr")
-        self.last_epoch = last_epoch
-        _patch_track_step_called(optimizer)
-        self._initial_step()
-
-    def _initial_step(self) -> None:
-        self._step_count = 0
-        self._is_initial = True
-        try:
-            self.step()
-        finally:
-            self._is_initial = False
-
-    def state_dict(self) -> dict[str, Any]:
-        """The scheduler's attributes, except the optimizer."""
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore attributes saved by `state_dict`."""
-        self.__dict__.update(state_dict)
-
-    def get_last_lr(self) -> list[float]:
-        """The learning rates (one per group) set by the last `step`."""
-        return self._last_lr
-
-    def get_lr(self) -> list[float]:
-        """The learning rates of the current epoch (chainable form); called by `step`."""
-        raise NotImplementedError
-
-    def step(self, epoch: int | None = None) -> None:
-        """Advance one epoch (or jump to ``epoch``, deprecated: uses the closed form where one exists)."""
-        if self._step_count == 1:
-            if not hasattr(self.optimizer.step, "_wrapped_by_lr_sched"):
-                warnings.warn(
-                    "Seems like `optimizer.step()` has been overridden after learning rate scheduler "
-                    "initialization. Please, make sure to call `optimizer.step()` before "
-                    "`lr_scheduler.step()`.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            elif not getattr(self.optimizer, "_opt_called", False):
-                warnings.warn(
-                    "Detected call of `lr_scheduler.step()` before `optimizer.step()`. You should call "
-                    "them in the opposite order: `optimizer.step()` before `lr_scheduler.step()`. "
-                    "Failure to do this will result in skipping the first value of the learning rate "
-                    "schedule.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-        self._step_count += 1
-        if epoch is not None:
-            warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
-        self._update_lr(epoch)
-
-    def _update_lr(self, epoch: int | None = None) -> None:
-        self._get_lr_called_within_step = True
-        try:
-            if epoch is None:
-                self.last_epoch += 1
-                values = self.get_lr()
-            else:
-                self.last_epoch = epoch
-                closed = getattr(self, "_get_closed_form_lr", None)
-                values = closed() if closed is not None else self.get_lr()
-        finally:
-            self._get_lr_called_within_step = False
-        groups = self.optimizer.param_groups
-        if len(values) != len(groups):
-            raise ValueError(f"get_lr() returned {len(values)} values for {len(groups)} parameter groups")
-        for group, lr in zip(groups, values):
-            group["lr"] = lr
-        self._last_lr: list[float] = _group_vals(self.optimizer, "lr")
-
-
-def _patch_track_step_called(opt: Optimizer) -> None:
-    """Wrap ``opt.step`` so the scheduler can warn when it is stepped before the optimizer."""
-    if hasattr(opt.step, "_wrapped_by_lr_sched"):
+def _watch_optimizer_steps(optimizer: Optimizer) -> None:
+    """Wrap ``optimizer.step`` (on this instance only) so schedulers can tell whether it ever ran."""
+    step = optimizer.step
+    if getattr(step, "_lr_scheduler_watch", False):
         return
-    opt_ref = ref(opt)
-    func = opt.step.__func__  # type: ignore[attr-defined]
+    func = getattr(step, "__func__", None)
+    if func is None or getattr(step, "__self__", None) is not optimizer:
+        return  # step() was replaced by something we cannot rebind: give up the check, not the schedule
 
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        o = opt_ref()
-        o._opt_called = True  # type: ignore[union-attr]
-        return func.__get__(o, o.__class__)(*args, **kwargs)
+    def watched(self: Optimizer, *args: Any, **kwargs: Any) -> Any:
+        setattr(self, _STEPPED, True)
+        return func(self, *args, **kwargs)
 
-    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    opt.step = wrapper  # type: ignore[method-assign]
+    watched._lr_scheduler_watch = True  # type: ignore[attr-defined]
+    watched.__doc__ = func.__doc__
+    # a bound method (not a closure over the optimizer) so copy.deepcopy rebinds it to the copy
+    optimizer.step = types.MethodType(watched, optimizer)  # type: ignore[method-assign]
 
 
-def _warn_get_lr_called_within_step(s: LRScheduler) -> None:
-    if not s._get_lr_called_within_step:
+def _warn_if_optimizer_idle(sched: Any) -> None:
+    """Warn once if the first ``scheduler.step()`` comes before any ``optimizer.step()``."""
+    if sched._order_checked:
+        return
+    sched._order_checked = True
+    if not getattr(sched.optimizer, _STEPPED, False) and getattr(sched.optimizer.step, "_lr_scheduler_watch", False):
         warnings.warn(
-            "To get the last learning rate computed by the scheduler, please use `get_last_lr()`.",
+            "lr_scheduler.step() was called before `optimizer.step()`, so the first value of the schedule "
+            "was skipped. In each iteration call optimizer.step() first, then scheduler.step().",
             UserWarning,
             stacklevel=3,
         )
 
 
+def _warn_epoch_argument(cls_name: str) -> None:
+    warnings.warn(
+        f"Passing an epoch parameter to {cls_name}.step() is deprecated: it jumps to the closed-form value at "
+        "that epoch and ignores other schedulers on the optimizer. Call step() without arguments once per "
+        "epoch instead.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _per_group(name: str, optimizer: Optimizer, value: Any) -> list[Any]:
+    """``value`` for each param group: a list/tuple must have one entry per group, a scalar is repeated."""
+    n = len(optimizer.param_groups)
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(
+                f"{name} has {len(value)} values but the optimizer has {n} param groups; give one per group"
+            )
+        return list(value)
+    return [value] * n
+
+
+def _momentum_uses_betas(optimizer: Optimizer, who: str) -> bool:
+    """Whether momentum cycling drives Adam-style ``betas[0]`` (True) or SGD-style ``momentum`` (False)."""
+    if "betas" in optimizer.defaults:
+        return True
+    if "momentum" in optimizer.defaults:
+        return False
+    raise ValueError(f"{who}: the optimizer has neither 'momentum' nor 'betas' to cycle; pass cycle_momentum=False")
+
+
+def _set_momentum(group: dict[str, Any], value: float, betas: bool) -> None:
+    if betas:
+        group["betas"] = (value, *group["betas"][1:])
+    else:
+        group["momentum"] = value
+
+
+class LRScheduler:
+    """Base class of epoch-driven schedulers (``torch.optim.lr_scheduler.LRScheduler``).
+
+    Subclasses implement `get_lr` as the schedule at ``self.last_epoch``. The constructor performs the
+    first step, so ``last_epoch`` is 0 (or the resumed epoch + 1) and the groups hold the schedule's
+    first value.
+
+    Args:
+        optimizer: The optimizer whose param groups' ``lr`` is scheduled.
+        last_epoch: The index of the last epoch when resuming; -1 starts afresh. Resuming needs
+            ``initial_lr`` in every param group (it is stored there on a fresh start).
+
+    Attributes:
+        optimizer: The scheduled optimizer.
+        base_lrs: Each group's ``initial_lr``.
+        last_epoch: The current epoch (number of ``step()`` calls since epoch 0).
+    """
+
+    # PyTorch's recurrent schedules compose with others on the same optimizer; absolute ones overwrite
+    _relative: ClassVar[bool] = True
+    # attributes left out of state_dict(): not data, or user functions that pickling cannot restore
+    _unsaved: ClassVar[frozenset[str]] = frozenset({"optimizer"})
+
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(self).__name__} needs an asyncgrad.optim.Optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        groups = optimizer.param_groups
+        if last_epoch == -1:
+            for g in groups:
+                g.setdefault("initial_lr", g["lr"])
+        else:
+            for i, g in enumerate(groups):
+                if "initial_lr" not in g:
+                    raise KeyError(
+                        f"param_groups[{i}] has no 'initial_lr', which resuming with last_epoch={last_epoch} "
+                        "needs: load the optimizer's state_dict from the earlier run first, or start with "
+                        "last_epoch=-1"
+                    )
+        if not hasattr(self, "base_lrs"):
+            self.base_lrs: list[float] = [g["initial_lr"] for g in groups]
+        self.last_epoch = last_epoch
+        self._order_checked = False
+        # this schedule's values at last_epoch: the base lrs before epoch 0, the groups' lrs when resuming
+        self._prev: list[float] = list(self.base_lrs) if last_epoch == -1 else [g["lr"] for g in groups]
+        self._last_lr: list[float] = [g["lr"] for g in groups]
+        _watch_optimizer_steps(optimizer)
+        self._move_to(last_epoch + 1)
+
+    def get_lr(self) -> list[float]:
+        """The schedule's learning rates (one per group) at ``last_epoch``."""
+        raise NotImplementedError
+
+    def get_last_lr(self) -> list[float]:
+        """The learning rates the last step wrote into the groups."""
+        return list(self._last_lr)
+
+    def step(self, epoch: float | None = None) -> None:
+        """Advance one epoch and set the groups' learning rates.
+
+        Args:
+            epoch: Deprecated: jump to this epoch and write the closed-form value (warns).
+        """
+        _warn_if_optimizer_idle(self)
+        if epoch is None:
+            self._move_to(self.last_epoch + 1)
+        else:
+            _warn_epoch_argument(type(self).__name__)
+            self._move_to(int(epoch), absolute=True)
+
+    def _move_to(self, epoch: int, absolute: bool = False) -> None:
+        """Set ``last_epoch`` and write the schedule's values (see the module docstring on composing)."""
+        self.last_epoch = epoch
+        new = self.get_lr()
+        for g, old, lr in zip(self.optimizer.param_groups, self._prev, new):
+            cur = g["lr"]
+            if self._relative and not absolute and cur != old and old != 0:
+                lr = cur * (lr / old)
+            g["lr"] = lr
+        self._prev = list(new)
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        self._after_move()
+
+    def _after_move(self) -> None:
+        """Hook run after each step (momentum cycling)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scheduler's state: every attribute but the optimizer (and user functions)."""
+        return {k: v for k, v in vars(self).items() if k not in self._unsaved}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state from `state_dict` (the optimizer's groups are not touched)."""
+        self.__dict__.update({k: v for k, v in state_dict.items() if k not in self._unsaved})
+
+
+class _LambdaState:
+    """state_dict support for schedulers holding one user function per group in ``lr_lambdas``.
+
+    Plain functions are saved as None; callable objects save their ``__dict__`` (as PyTorch does).
+    """
+
+    lr_lambdas: list[Callable[[int], float]]
+    _unsaved: ClassVar[frozenset[str]] = frozenset({"optimizer", "lr_lambdas"})
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = LRScheduler.state_dict(self)  # type: ignore[arg-type]
+        sd["lr_lambdas"] = [
+            None if isinstance(f, types.FunctionType) else dict(vars(f)) if hasattr(f, "__dict__") else None
+            for f in self.lr_lambdas
+        ]
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        LRScheduler.load_state_dict(self, state_dict)  # type: ignore[arg-type]
+        for f, saved in zip(self.lr_lambdas, state_dict.get("lr_lambdas", ())):
+            if saved is not None:
+                vars(f).update(saved)
+
+
 def _lambdas(optimizer: Optimizer, lr_lambda: Any) -> list[Callable[[int], float]]:
-    if not isinstance(lr_lambda, (list, tuple)):
-        return [lr_lambda] * len(optimizer.param_groups)
-    if len(lr_lambda) != len(optimizer.param_groups):
-        raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
-    return list(lr_lambda)
+    fns = _per_group("lr_lambda", optimizer, lr_lambda)
+    for f in fns:
+        if not callable(f):
+            raise TypeError(f"lr_lambda must be callable (or a list of callables), got {type(f).__name__}")
+    return fns
 
 
-def _lambdas_state_dict(s: Any) -> dict[str, Any]:
-    sd = {k: v for k, v in s.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
-    # plain functions and lambdas are not saved; callable objects save their __dict__ (as PyTorch)
-    sd["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else fn.__dict__.copy() for fn in s.lr_lambdas]
-    return sd
+class LambdaLR(_LambdaState, LRScheduler):
+    """``lr = initial_lr * lr_lambda(epoch)`` (absolute: it overwrites other schedulers' changes).
 
+    Args:
+        optimizer: The optimizer.
+        lr_lambda: A function of the epoch, or a list with one per param group.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
-def _lambdas_load_state_dict(s: Any, state_dict: dict[str, Any]) -> None:
-    state_dict = dict(state_dict)
-    lr_lambdas = state_dict.pop("lr_lambdas")
-    s.__dict__.update(state_dict)
-    for idx, fn in enumerate(lr_lambdas):
-        if fn is not None:
-            s.lr_lambdas[idx].__dict__.update(fn)
-
-
-class LambdaLR(LRScheduler):
-    """``lr = initial_lr * lr_lambda(epoch)`` (one function, or one per group)."""
+    _relative = False
 
     def __init__(self, optimizer: Optimizer, lr_lambda: Any, last_epoch: int = -1) -> None:
-        self.optimizer = optimizer
         self.lr_lambdas = _lambdas(optimizer, lr_lambda)
         super().__init__(optimizer, last_epoch)
 
-    def state_dict(self) -> dict[str, Any]:
-        return _lambdas_state_dict(self)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        _lambdas_load_state_dict(self, state_dict)
-
     def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        return [base_lr * fn(self.last_epoch) for fn, base_lr in zip(self.lr_lambdas, self.base_lrs)]
+        return [b * f(self.last_epoch) for b, f in zip(self.base_lrs, self.lr_lambdas)]
 
 
-class MultiplicativeLR(LRScheduler):
-    """``lr = lr * lr_lambda(epoch)`` each step (one function, or one per group)."""
+class MultiplicativeLR(_LambdaState, LRScheduler):
+    """Each step multiplies the lr by ``lr_lambda(epoch)`` (no factor at epoch 0).
+
+    Args:
+        optimizer: The optimizer.
+        lr_lambda: A function of the epoch giving the step's factor, or a list with one per param group.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
     def __init__(self, optimizer: Optimizer, lr_lambda: Any, last_epoch: int = -1) -> None:
-        self.optimizer = optimizer
         self.lr_lambdas = _lambdas(optimizer, lr_lambda)
-        for fn in self.lr_lambdas:
-            if not callable(fn):
-                raise TypeError(f"lr_lambda should be a function, but got {type(fn).__name__}")
+        # no closed form (the factors are arbitrary): keep the running values and the epoch they are at
+        self._values = [g.get("initial_lr", g["lr"]) if last_epoch == -1 else g["lr"] for g in optimizer.param_groups]
+        self._values_epoch = last_epoch
         super().__init__(optimizer, last_epoch)
 
-    def state_dict(self) -> dict[str, Any]:
-        return _lambdas_state_dict(self)
+    def get_lr(self) -> list[float]:
+        e = self.last_epoch
+        if e != self._values_epoch:
+            if e > 0:
+                self._values = [v * f(e) for v, f in zip(self._values, self.lr_lambdas)]
+            self._values_epoch = e
+        return list(self._values)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        _lambdas_load_state_dict(self, state_dict)
+
+class _FactorLR(LRScheduler):
+    """Schedules of the form ``lr = initial_lr * factor(epoch)``."""
+
+    def _factor(self, epoch: int) -> float:
+        raise NotImplementedError
 
     def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        if self._is_initial:
-            return _group_vals(self.optimizer, "lr")
-        return [g["lr"] * fn(self.last_epoch) for fn, g in zip(self.lr_lambdas, self.optimizer.param_groups)]
+        f = self._factor(self.last_epoch)
+        return [b * f for b in self.base_lrs]
 
 
-class StepLR(LRScheduler):
-    """Multiply the lr by ``gamma`` every ``step_size`` epochs."""
+class StepLR(_FactorLR):
+    """``lr = initial_lr * gamma ** (epoch // step_size)``.
+
+    Args:
+        optimizer: The optimizer.
+        step_size: Epochs between two decays.
+        gamma: Multiplicative decay.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
         self.step_size = step_size
         self.gamma = gamma
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
-            return _group_vals(self.optimizer, "lr")
-        return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        return [base_lr * self.gamma ** (self.last_epoch // self.step_size) for base_lr in self.base_lrs]
+    def _factor(self, epoch: int) -> float:
+        return self.gamma ** (epoch // self.step_size)
 
 
-class MultiStepLR(LRScheduler):
-    """Multiply the lr by ``gamma`` at each milestone (a repeated milestone multiplies repeatedly)."""
+class MultiStepLR(_FactorLR):
+    """``lr = initial_lr * gamma ** (number of milestones <= epoch)``; a repeated milestone counts twice.
+
+    Args:
+        optimizer: The optimizer.
+        milestones: Epochs at which to decay (any order).
+        gamma: Multiplicative decay.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
     def __init__(
         self, optimizer: Optimizer, milestones: Iterable[int], gamma: float = 0.1, last_epoch: int = -1
     ) -> None:
-        self.milestones = Counter(milestones)
+        self.milestones = sorted(milestones)
         self.gamma = gamma
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        if self.last_epoch not in self.milestones:
-            return _group_vals(self.optimizer, "lr")
-        return [g["lr"] * self.gamma ** self.milestones[self.last_epoch] for g in self.optimizer.param_groups]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        milestones = sorted(self.milestones.elements())
-        return [base_lr * self.gamma ** bisect_right(milestones, self.last_epoch) for base_lr in self.base_lrs]
+    def _factor(self, epoch: int) -> float:
+        return self.gamma ** bisect_right(self.milestones, epoch)
 
 
-class ConstantLR(LRScheduler):
-    """Multiply the lr by ``factor`` until epoch ``total_iters``, then restore it."""
+class ConstantLR(_FactorLR):
+    """``lr = initial_lr * factor`` until ``total_iters`` epochs have passed, then ``initial_lr``.
+
+    Args:
+        optimizer: The optimizer.
+        factor: The scale while active, in [0, 1].
+        total_iters: The number of epochs it is active.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
     def __init__(
         self, optimizer: Optimizer, factor: float = 1.0 / 3, total_iters: int = 5, last_epoch: int = -1
     ) -> None:
-        if factor > 1.0 or factor < 0:
-            raise ValueError("Constant multiplicative factor expected to be between 0 and 1.")
+        if not 0.0 <= factor <= 1.0:
+            raise ValueError(f"ConstantLR factor must lie in [0, 1] (it scales the lr down), got {factor}")
         self.factor = factor
         self.total_iters = total_iters
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        if self.last_epoch == 0:
-            return [g["lr"] * self.factor for g in self.optimizer.param_groups]
-        if self.last_epoch != self.total_iters:
-            return _group_vals(self.optimizer, "lr")
-        return [g["lr"] * (1.0 / self.factor) for g in self.optimizer.param_groups]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        return [
-            base_lr * (self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor))
-            for base_lr in self.base_lrs
-        ]
+    def _factor(self, epoch: int) -> float:
+        return self.factor + (epoch >= self.total_iters) * (1.0 - self.factor)
 
 
-class LinearLR(LRScheduler):
-    """Change the lr's multiplier linearly from ``start_factor`` to ``end_factor`` over ``total_iters``."""
+class LinearLR(_FactorLR):
+    """The factor goes linearly from ``start_factor`` to ``end_factor`` over ``total_iters`` epochs.
+
+    Args:
+        optimizer: The optimizer.
+        start_factor: The factor at epoch 0, in (0, 1].
+        end_factor: The factor from epoch ``total_iters`` on, in [0, 1].
+        total_iters: The length of the ramp.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
     def __init__(
         self,
@@ -350,84 +388,65 @@ class LinearLR(LRScheduler):
         total_iters: int = 5,
         last_epoch: int = -1,
     ) -> None:
-        if start_factor > 1.0 or start_factor <= 0:
-            raise ValueError(
-                "Starting multiplicative factor expected to be greater than 0 and less or equal to 1."
-            )
-        if end_factor > 1.0 or end_factor < 0:
-            raise ValueError("Ending multiplicative factor expected to be between 0 and 1.")
+        if not 0.0 < start_factor <= 1.0:
+            raise ValueError(f"LinearLR start_factor must lie in (0, 1], got {start_factor}")
+        if not 0.0 <= end_factor <= 1.0:
+            raise ValueError(f"LinearLR end_factor must lie in [0, 1], got {end_factor}")
         self.start_factor = start_factor
         self.end_factor = end_factor
         self.total_iters = total_iters
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        if self.last_epoch == 0:
-            return [g["lr"] * self.start_factor for g in self.optimizer.param_groups]
-        if self._is_initial or self.last_epoch > self.total_iters:
-            return _group_vals(self.optimizer, "lr")
-        d = self.end_factor - self.start_factor
-        return [
-            g["lr"] * (1.0 + d / (self.total_iters * self.start_factor + (self.last_epoch - 1) * d))
-            for g in self.optimizer.param_groups
-        ]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        return [
-            base_lr
-            * (
-                self.start_factor
-                + (self.end_factor - self.start_factor) * min(self.total_iters, self.last_epoch) / self.total_iters
-            )
-            for base_lr in self.base_lrs
-        ]
+    def _factor(self, epoch: int) -> float:
+        done = min(self.total_iters, epoch)
+        return self.start_factor + (self.end_factor - self.start_factor) * done / self.total_iters
 
 
-class ExponentialLR(LRScheduler):
-    """Multiply the lr by ``gamma`` every epoch."""
+class ExponentialLR(_FactorLR):
+    """``lr = initial_lr * gamma ** epoch``.
+
+    Args:
+        optimizer: The optimizer.
+        gamma: Multiplicative decay per epoch.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
     def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1) -> None:
         self.gamma = gamma
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        if self._is_initial:
-            return _group_vals(self.optimizer, "lr")
-        return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        return [base_lr * self.gamma**self.last_epoch for base_lr in self.base_lrs]
+    def _factor(self, epoch: int) -> float:
+        return self.gamma**epoch
 
 
-class PolynomialLR(LRScheduler):
-    """Decay the lr by a polynomial of degree ``power`` to 0 over ``total_iters`` epochs."""
+class PolynomialLR(_FactorLR):
+    """``lr = initial_lr * (1 - min(epoch, total_iters) / total_iters) ** power``.
+
+    Args:
+        optimizer: The optimizer.
+        total_iters: Epochs until the lr reaches 0.
+        power: The polynomial's power.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
     def __init__(self, optimizer: Optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1) -> None:
         self.total_iters = total_iters
         self.power = power
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        if self._is_initial or self.last_epoch > self.total_iters:
-            return _group_vals(self.optimizer, "lr")
-        decay = (
-            (1.0 - self.last_epoch / self.total_iters) / (1.0 - (self.last_epoch - 1) / self.total_iters)
-        ) ** self.power
-        return [g["lr"] * decay for g in self.optimizer.param_groups]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        return [
-            base_lr * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters) ** self.power
-            for base_lr in self.base_lrs
-        ]
+    def _factor(self, epoch: int) -> float:
+        return (1.0 - min(self.total_iters, epoch) / self.total_iters) ** self.power
 
 
 class CosineAnnealingLR(LRScheduler):
-    """Cosine annealing from the initial lr to ``eta_min`` over ``T_max`` epochs (SGDR without restarts;
-    past ``T_max`` the lr goes back up along the cosine, as in PyTorch)."""
+    """``lr = eta_min + (initial_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2`` (periodic past T_max).
+
+    Args:
+        optimizer: The optimizer.
+        T_max: Epochs from ``initial_lr`` down to ``eta_min`` (half a period).
+        eta_min: The lowest lr.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
 
     def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:
         self.T_max = T_max
@@ -435,441 +454,98 @@ class CosineAnnealingLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        groups = self.optimizer.param_groups
-        if self._is_initial:
-            return _group_vals(self.optimizer, "lr")
-        if self._step_count == 1 and self.last_epoch > 0:
-            return [
-                self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(self.last_epoch * math.pi / self.T_max)) / 2
-                for base_lr in self.base_lrs
-            ]
-        if (self.last_epoch - 1 - self.T_max) % (2 * self.T_max) == 0:
-            return [
-                g["lr"] + (base_lr - self.eta_min) * (1 - math.cos(math.pi / self.T_max)) / 2
-                for base_lr, g in zip(self.base_lrs, groups)
-            ]
-        return [
-            (1 + math.cos(math.pi * self.last_epoch / self.T_max))
-            / (1 + math.cos(math.pi * (self.last_epoch - 1) / self.T_max))
-            * (g["lr"] - self.eta_min)
-            + self.eta_min
-            for g in groups
-        ]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        return [
-            self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
-            for base_lr in self.base_lrs
-        ]
-
-
-def _check_children(owner: Any, optimizer: Optimizer | None, schedulers: Sequence[Any]) -> None:
-    name = type(owner).__name__
-    for i, s in enumerate(schedulers):
-        if not hasattr(s, "optimizer"):
-            raise TypeError(f"{name} at index {i} should have `optimizer` as its attribute.")
-        if isinstance(s, ReduceLROnPlateau):
-            raise ValueError(
-                f"{name} does not support `ReduceLROnPlateau` scheduler as it requires additional kwargs to "
-                f"be specified when calling `step`, but got one at index {i} in the given schedulers sequence."
-            )
-        if optimizer is not s.optimizer:
-            raise ValueError(
-                f"{name} expects all schedulers to belong to the same optimizer, but got scheduler "
-                f"{type(s).__name__} at index {i} with a different optimizer."
-            )
-
-
-def _children_state_dict(s: Any) -> dict[str, Any]:
-    sd = {k: v for k, v in s.__dict__.items() if k not in ("optimizer", "_schedulers")}
-    sd["_schedulers"] = [c.state_dict() for c in s._schedulers]
-    return sd
-
-
-def _children_load_state_dict(s: Any, state_dict: dict[str, Any]) -> None:
-    state_dict = dict(state_dict)
-    children = state_dict.pop("_schedulers")
-    s.__dict__.update(state_dict)
-    for c, csd in zip(s._schedulers, children):
-        c.load_state_dict(csd)
-
-
-class SequentialLR(LRScheduler):
-    """Run ``schedulers[i]`` between ``milestones[i-1]`` and ``milestones[i]``; at a milestone the next
-    scheduler starts from its epoch 0."""
-
-    def __init__(
-        self, optimizer: Optimizer, schedulers: list[LRScheduler], milestones: list[int], last_epoch: int = -1
-    ) -> None:
-        if len(schedulers) < 1:
-            raise ValueError(f"{type(self).__name__} expects at least one scheduler, but got no scheduler.")
-        _check_children(self, optimizer, schedulers)
-        if len(milestones) != len(schedulers) - 1:
-            raise ValueError(
-                "Sequential Schedulers expects number of schedulers provided to be one more than the number "
-                f"of milestone points, but got number of schedulers {len(schedulers)} and the number of "
-                f"milestones to be equal to {len(milestones)}"
-            )
-        self._schedulers = schedulers
-        self._milestones = milestones
-        self.last_epoch = last_epoch + 1
-        self.optimizer = optimizer
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"]
-        # undo the initial step of every scheduler, then take it for the one that runs at epoch 0
-        self._recursive_undo()
-        idx = bisect_right(self._milestones, 0)
-        self._schedulers[idx]._initial_step()
-        self._last_lr = schedulers[idx].get_last_lr()
-
-    def _recursive_undo(self, sched: Any = None) -> None:
-        scheds = self if sched is None else sched
-        if hasattr(scheds, "_schedulers"):
-            for s in scheds._schedulers:
-                self._recursive_undo(s)
-        elif hasattr(scheds, "last_epoch"):
-            scheds.last_epoch -= 1
-
-    def step(self) -> None:  # type: ignore[override]
-        self.last_epoch += 1
-        idx = bisect_right(self._milestones, self.last_epoch)
-        scheduler = self._schedulers[idx]
-        if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
-            scheduler._update_lr(0)
-        else:
-            scheduler.step()
-        self._last_lr = scheduler.get_last_lr()
-
-    def state_dict(self) -> dict[str, Any]:
-        return _children_state_dict(self)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        _children_load_state_dict(self, state_dict)
-
-
-class ChainedScheduler(LRScheduler):
-    """Step every scheduler in ``schedulers`` on each `step` (their effects compose)."""
-
-    def __init__(self, schedulers: Sequence[LRScheduler], optimizer: Optimizer | None = None) -> None:
-        if len(schedulers) < 1:
-            raise ValueError(
-                f"{type(self).__name__} expects at least one scheduler to be chained, but got no scheduler."
-            )
-        optimizer = optimizer or schedulers[0].optimizer
-        _check_children(self, optimizer, schedulers)
-        self._schedulers = schedulers
-        self.optimizer = optimizer
-        self._last_lr = _group_vals(self._schedulers[-1].optimizer, "lr")
-
-    def step(self) -> None:  # type: ignore[override]
-        for s in self._schedulers:
-            s.step()
-        self._last_lr = _group_vals(self._schedulers[-1].optimizer, "lr")
-
-    def state_dict(self) -> dict[str, Any]:
-        return _children_state_dict(self)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        _children_load_state_dict(self, state_dict)
-
-
-class ReduceLROnPlateau(LRScheduler):
-    """Multiply the lr by ``factor`` when a metric has stopped improving for ``patience`` epochs.
-
-    ``step(metrics)`` takes the metric (a number, or a one-element tensor: reading it waits for its
-    value). Improvement is ``a < best * (1 - threshold)`` (mode "min", threshold_mode "rel"),
-    ``a < best - threshold`` ("min", "abs"), ``a > best * (1 + threshold)`` ("max", "rel") or
-    ``a > best + threshold`` ("max", "abs"). After a reduction, ``cooldown`` epochs are ignored. An lr
-    never goes below ``min_lr``; a change smaller than ``eps`` is skipped.
-    """
-
-    def __init__(
-        self,
-        optimizer: Optimizer,
-        mode: str = "min",
-        factor: float = 0.1,
-        patience: int = 10,
-        threshold: float = 1e-4,
-        threshold_mode: str = "rel",
-        cooldown: int = 0,
-        min_lr: list[float] | float = 0,
-        eps: float = 1e-8,
-    ) -> None:
-        if factor >= 1.0:
-            raise ValueError("Factor should be < 1.0.")
-        self.factor = factor
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
-        self.optimizer = optimizer
-        self.default_min_lr: float | None
-        if isinstance(min_lr, (list, tuple)):
-            if len(min_lr) != len(optimizer.param_groups):
-                raise ValueError(f"expected {len(optimizer.param_groups)} min_lrs, got {len(min_lr)}")
-            self.default_min_lr = None
-            self.min_lrs = list(min_lr)
-        else:
-            self.default_min_lr = min_lr
-            self.min_lrs = [min_lr] * len(optimizer.param_groups)
-        self.patience = patience
-        self.cooldown = cooldown
-        self.eps = eps
-        self.last_epoch = 0
-        self._last_lr = _group_vals(self.optimizer, "lr")
-        self._init_is_better(mode=mode, threshold=threshold, threshold_mode=threshold_mode)
-        self._reset()
-
-    def _reset(self) -> None:
-        self.best = self.mode_worse
-        self.cooldown_counter = 0
-        self.num_bad_epochs = 0
-
-    def step(self, metrics: SupportsFloat, epoch: int | None = None) -> None:  # type: ignore[override]
-        current = float(metrics)
-        if epoch is None:
-            epoch = self.last_epoch + 1
-        else:
-            warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
-        self.last_epoch = epoch
-        if self._is_better(current, self.best):
-            self.best = current
-            self.num_bad_epochs = 0
-        else:
-            self.num_bad_epochs += 1
-        if self.in_cooldown:
-            self.cooldown_counter -= 1
-            self.num_bad_epochs = 0  # ignore any bad epochs in cooldown
-        if self.num_bad_epochs > self.patience:
-            self._reduce_lr(epoch)
-            self.cooldown_counter = self.cooldown
-            self.num_bad_epochs = 0
-        self._last_lr = _group_vals(self.optimizer, "lr")
-
-    def _reduce_lr(self, epoch: int) -> None:
-        if len(self.optimizer.param_groups) != len(self.min_lrs):
-            if self.default_min_lr is None:
-                raise RuntimeError(
-                    f"The number of param groups in the `optimizer` ({len(self.optimizer.param_groups)}) "
-                    f"differs from when `ReduceLROnPlateau` was initialized ({len(self.min_lrs)}), usually "
-                    "due to a new param group being added to the optimizer. Please modify the `min_lrs` "
-                    "field to match the length of the `optimizer` param groups."
-                )
-            self.min_lrs = [self.default_min_lr] * len(self.optimizer.param_groups)
-        for i, group in enumerate(self.optimizer.param_groups):
-            old_lr = float(group["lr"])
-            new_lr = max(old_lr * self.factor, self.min_lrs[i])
-            if old_lr - new_lr > self.eps:
-                group["lr"] = new_lr
-
-    @property
-    def in_cooldown(self) -> bool:
-        return self.cooldown_counter > 0
-
-    def _is_better(self, a: float, best: float) -> bool:
-        if self.mode == "min" and self.threshold_mode == "rel":
-            return a < best * (1.0 - self.threshold)
-        if self.mode == "min" and self.threshold_mode == "abs":
-            return a < best - self.threshold
-        if self.mode == "max" and self.threshold_mode == "rel":
-            return a > best * (self.threshold + 1.0)
-        return a > best + self.threshold
-
-    def _init_is_better(self, mode: str, threshold: float, threshold_mode: str) -> None:
-        if mode not in {"min", "max"}:
-            raise ValueError("mode " + mode + " is unknown!")
-        if threshold_mode not in {"rel", "abs"}:
-            raise ValueError("threshold mode " + threshold_mode + " is unknown!")
-        self.mode_worse = math.inf if mode == "min" else -math.inf
-        self.mode = mode
-        self.threshold = threshold
-        self.threshold_mode = threshold_mode
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.__dict__.update(state_dict)
-        self._init_is_better(mode=self.mode, threshold=self.threshold, threshold_mode=self.threshold_mode)
-
-
-def _set_momentum(group: dict[str, Any], use_beta1: bool, momentum: float) -> None:
-    if use_beta1:
-        group["betas"] = (momentum, *group["betas"][1:])
-    else:
-        group["momentum"] = momentum
-
-
-class CyclicLR(LRScheduler):
-    """Cyclical learning rate between ``base_lr`` and ``max_lr`` (modes "triangular", "triangular2",
-    "exp_range" or a custom ``scale_fn``), cycling momentum (or Adam's beta1) inversely."""
-
-    def __init__(
-        self,
-        optimizer: Optimizer,
-        base_lr: float | list[float],
-        max_lr: float | list[float],
-        step_size_up: int = 2000,
-        step_size_down: int | None = None,
-        mode: str = "triangular",
-        gamma: float = 1.0,
-        scale_fn: Callable[[float], float] | None = None,
-        scale_mode: str = "cycle",
-        cycle_momentum: bool = True,
-        base_momentum: float = 0.8,
-        max_momentum: float = 0.9,
-        last_epoch: int = -1,
-    ) -> None:
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
-        self.optimizer = optimizer
-        base_lrs = _format_param("base_lr", optimizer, base_lr)
-        if last_epoch == -1:
-            for lr, group in zip(base_lrs, optimizer.param_groups):
-                group["lr"] = lr
-        self.max_lrs = _format_param("max_lr", optimizer, max_lr)
-        up = float(step_size_up)
-        down = float(step_size_down) if step_size_down is not None else up
-        self.total_size = up + down
-        self.step_ratio = up / self.total_size
-        if mode not in ["triangular", "triangular2", "exp_range"] and scale_fn is None:
-            raise ValueError("mode is invalid and scale_fn is None")
-        self.mode = mode
-        self.gamma = gamma
-        self._scale_fn_custom = scale_fn
-        self.scale_mode = scale_mode
-        self._init_scale_fn()
-        self.cycle_momentum = cycle_momentum
-        if cycle_momentum:
-            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
-            self.use_beta1 = "betas" in self.optimizer.defaults
-            self.base_momentums = _format_param("base_momentum", optimizer, base_momentum)
-            self.max_momentums = _format_param("max_momentum", optimizer, max_momentum)
-            if last_epoch == -1:
-                for m, b, group in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
-                    _set_momentum(group, self.use_beta1, m)
-                    group["max_momentum"] = m
-                    group["base_momentum"] = b
-        super().__init__(optimizer, last_epoch)
-        self.base_lrs = base_lrs
-
-    def _init_scale_fn(self) -> None:
-        if self._scale_fn_custom is not None:
-            return
-        if self.mode == "triangular":
-            self.scale_mode = "cycle"
-        elif self.mode == "triangular2":
-            self.scale_mode = "cycle"
-        elif self.mode == "exp_range":
-            self.scale_mode = "iterations"
-
-    def scale_fn(self, x: float) -> float:
-        if self._scale_fn_custom is not None:
-            return self._scale_fn_custom(x)
-        if self.mode == "triangular":
-            return 1.0
-        if self.mode == "triangular2":
-            return 1 / (2.0 ** (x - 1))
-        return self.gamma**x
-
-    def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        cycle = math.floor(1 + self.last_epoch / self.total_size)
-        x = 1.0 + self.last_epoch / self.total_size - cycle
-        if x <= self.step_ratio:
-            scale_factor = x / self.step_ratio
-        else:
-            scale_factor = (x - 1) / (self.step_ratio - 1)
-        arg = cycle if self.scale_mode == "cycle" else self.last_epoch
-        lrs = []
-        for base_lr, max_lr in zip(self.base_lrs, self.max_lrs):
-            base_height = (max_lr - base_lr) * scale_factor
-            lrs.append(base_lr + base_height * self.scale_fn(arg))
-        if self.cycle_momentum:
-            for group, bm, mm in zip(self.optimizer.param_groups, self.base_momentums, self.max_momentums):
-                base_height = (mm - bm) * scale_factor
-                _set_momentum(group, self.use_beta1, mm - base_height * self.scale_fn(arg))
-        return lrs
-
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        fn = sd.pop("_scale_fn_custom")
-        sd["_scale_fn_custom"] = None
-        if fn is not None and not isinstance(fn, types.FunctionType):
-            sd["_scale_fn_custom"] = fn.__dict__.copy()
-        return sd
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state_dict = dict(state_dict)
-        fn = state_dict.pop("_scale_fn_custom")
-        super().load_state_dict(state_dict)
-        if fn is not None and self._scale_fn_custom is not None:
-            self._scale_fn_custom.__dict__.update(fn)
-        self._init_scale_fn()
+        c = 1 + math.cos(math.pi * self.last_epoch / self.T_max)
+        return [self.eta_min + (b - self.eta_min) * c / 2 for b in self.base_lrs]
 
 
 class CosineAnnealingWarmRestarts(LRScheduler):
-    """Cosine annealing with warm restarts (SGDR): period ``T_0``, multiplied by ``T_mult`` after each
-    restart. ``step(epoch)`` accepts fractional epochs, as in PyTorch."""
+    """Cosine annealing from ``initial_lr`` to ``eta_min`` over ``T_i`` epochs, then a restart with
+    ``T_i *= T_mult`` (SGDR). ``step(epoch)`` takes fractional epochs (e.g. ``epoch + i / iters``).
+
+    Args:
+        optimizer: The optimizer.
+        T_0: Epochs until the first restart.
+        T_mult: Growth of the period after each restart (an int >= 1).
+        eta_min: The lowest lr.
+        last_epoch: The last epoch when resuming (-1: start afresh).
+
+    Attributes:
+        T_cur: Epochs since the last restart (may be fractional).
+        T_i: The current period.
+    """
+
+    _relative = False
 
     def __init__(
         self, optimizer: Optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0, last_epoch: int = -1
     ) -> None:
-        if T_0 <= 0 or not isinstance(T_0, int):
-            raise ValueError(f"Expected positive integer T_0, but got {T_0}")
-        if T_mult < 1 or not isinstance(T_mult, int):
-            raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
-        if not isinstance(eta_min, (float, int)):
-            raise ValueError(f"Expected float or int eta_min, but got {eta_min} of type {type(eta_min)}")
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise ValueError(f"T_0 must be a positive int (epochs until the first restart), got {T_0!r}")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise ValueError(f"T_mult must be an int >= 1 (period growth per restart), got {T_mult!r}")
         self.T_0 = T_0
         self.T_i = T_0
         self.T_mult = T_mult
         self.eta_min = eta_min
-        self.T_cur: float = last_epoch
+        self.T_cur: float = 0
+        self._seek(last_epoch + 1)  # where the constructor's first step lands
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        return [
-            self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
-            for base_lr in self.base_lrs
-        ]
+        c = 1 + math.cos(math.pi * self.T_cur / self.T_i)
+        return [self.eta_min + (b - self.eta_min) * c / 2 for b in self.base_lrs]
 
-    def step(self, epoch: float | None = None) -> None:  # type: ignore[override]
-        if epoch is None and self.last_epoch < 0:
-            epoch = 0
+    def step(self, epoch: float | None = None) -> None:
+        """Advance one epoch, or go to a (possibly fractional) ``epoch``; no deprecation here."""
         if epoch is None:
-            epoch = self.last_epoch + 1
-            self.T_cur = self.T_cur + 1
+            _warn_if_optimizer_idle(self)  # an explicit epoch says where we are: nothing is skipped
+            self.T_cur += 1
             if self.T_cur >= self.T_i:
-                self.T_cur = self.T_cur % self.T_i
-                self.T_i = self.T_i * self.T_mult
+                self.T_cur -= self.T_i
+                self.T_i *= self.T_mult
+            self._move_to(self.last_epoch + 1)
+            return
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, got {epoch}")
+        self._seek(epoch)
+        self._move_to(math.floor(epoch))
+
+    def _seek(self, epoch: float) -> None:
+        """Set ``T_cur`` and ``T_i`` for an absolute epoch."""
+        if epoch < self.T_0:
+            self.T_i, self.T_cur = self.T_0, epoch
+        elif self.T_mult == 1:
+            self.T_i, self.T_cur = self.T_0, epoch % self.T_0
         else:
-            if epoch < 0:
-                raise ValueError(f"Expected non-negative epoch, but got {epoch}")
-            if epoch >= self.T_0:
-                if self.T_mult == 1:
-                    self.T_cur = epoch % self.T_0
-                else:
-                    n = int(math.log((epoch / self.T_0 * (self.T_mult - 1) + 1), self.T_mult))
-                    self.T_cur = epoch - self.T_0 * (self.T_mult**n - 1) / (self.T_mult - 1)
-                    self.T_i = self.T_0 * self.T_mult**n
-            else:
-                self.T_i = self.T_0
-                self.T_cur = epoch
-        self.last_epoch = math.floor(epoch)
-        self._get_lr_called_within_step = True
-        try:
-            lrs = self.get_lr()
-        finally:
-            self._get_lr_called_within_step = False
-        for group, lr in zip(self.optimizer.param_groups, lrs):
-            group["lr"] = lr
-        self._last_lr = _group_vals(self.optimizer, "lr")
+            # restarts so far: the largest n with T_0 * (T_mult**n - 1) / (T_mult - 1) <= epoch
+            n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+            self.T_cur = epoch - self.T_0 * (self.T_mult**n - 1) / (self.T_mult - 1)
+            self.T_i = self.T_0 * self.T_mult**n
 
 
 class OneCycleLR(LRScheduler):
-    """The 1cycle policy: the lr rises from ``max_lr / div_factor`` to ``max_lr`` over ``pct_start`` of
-    ``total_steps``, then anneals (``anneal_strategy`` "cos" or "linear") to ``initial_lr /
-    final_div_factor``; momentum (or Adam's beta1) cycles inversely between ``max_momentum`` and
-    ``base_momentum``. ``three_phase`` adds PyTorch's symmetric third phase. Step it once per batch."""
+    """The 1cycle policy: lr from ``max_lr / div_factor`` up to ``max_lr``, then down to
+    ``initial_lr / final_div_factor``, with momentum (or Adam's beta1) cycling the opposite way.
+    Call ``step()`` after every batch, ``total_steps`` times at most.
+
+    Args:
+        optimizer: The optimizer.
+        max_lr: The peak lr, or one per group.
+        total_steps: The cycle's length; else ``epochs * steps_per_epoch``.
+        epochs: Epochs to train (with ``steps_per_epoch``).
+        steps_per_epoch: Batches per epoch.
+        pct_start: The fraction of the cycle spent increasing the lr.
+        anneal_strategy: ``"cos"`` or ``"linear"``.
+        cycle_momentum: Cycle momentum / beta1 between ``max_momentum`` and ``base_momentum``.
+        base_momentum: The momentum at the lr's peak, or one per group.
+        max_momentum: The momentum at the cycle's ends, or one per group.
+        div_factor: ``initial_lr = max_lr / div_factor``.
+        final_div_factor: ``min_lr = initial_lr / final_div_factor``.
+        three_phase: Up, back down to ``initial_lr`` symmetrically, then down to ``min_lr``.
+        last_epoch: The last step when resuming (-1: start afresh).
+    """
+
+    _relative = False
 
     def __init__(
         self,
@@ -888,102 +564,385 @@ class OneCycleLR(LRScheduler):
         three_phase: bool = False,
         last_epoch: int = -1,
     ) -> None:
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
-        self.optimizer = optimizer
-        if total_steps is not None:
-            if total_steps <= 0 or not isinstance(total_steps, int):
-                raise ValueError(f"Expected positive integer total_steps, but got {total_steps}")
-            self.total_steps = total_steps
-        elif epochs is not None and steps_per_epoch is not None:
-            if not isinstance(epochs, int) or epochs <= 0:
-                raise ValueError(f"Expected positive integer epochs, but got {epochs}")
-            if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
-                raise ValueError(f"Expected positive integer steps_per_epoch, but got {steps_per_epoch}")
-            self.total_steps = epochs * steps_per_epoch
-        else:
-            raise ValueError("You must define either total_steps OR (epochs AND steps_per_epoch)")
-        up_end = float(pct_start * self.total_steps) - 1
-        phases: list[dict[str, Any]] = [_phase(up_end, "initial_lr", "max_lr", "max_momentum", "base_momentum")]
-        if three_phase:
-            down_end = float(2 * pct_start * self.total_steps) - 2
-            phases.append(_phase(down_end, "max_lr", "initial_lr", "base_momentum", "max_momentum"))
-            phases.append(_phase(self.total_steps - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum"))
-        else:
-            phases.append(_phase(self.total_steps - 1, "max_lr", "min_lr", "base_momentum", "max_momentum"))
-        self._schedule_phases = phases
-        if pct_start < 0 or pct_start > 1 or not isinstance(pct_start, float):
-            raise ValueError(f"Expected float between 0 and 1 pct_start, but got {pct_start}")
-        if anneal_strategy not in ["cos", "linear"]:
-            raise ValueError(f"anneal_strategy must be one of 'cos' or 'linear', instead got {anneal_strategy}")
-        self._anneal_func_type = anneal_strategy
-        max_lrs = _format_param("max_lr", self.optimizer, max_lr)
+        if total_steps is None:
+            if not (
+                isinstance(epochs, int) and epochs > 0 and isinstance(steps_per_epoch, int) and steps_per_epoch > 0
+            ):
+                raise ValueError(
+                    "OneCycleLR needs the cycle's length: total_steps, or both epochs and steps_per_epoch "
+                    f"(positive ints); got epochs={epochs!r}, steps_per_epoch={steps_per_epoch!r}"
+                )
+            total_steps = epochs * steps_per_epoch
+        elif not isinstance(total_steps, int) or total_steps <= 0:
+            raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
+        if not 0.0 <= pct_start <= 1.0:
+            raise ValueError(f"pct_start is a fraction of the cycle and must lie in [0, 1], got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        self.total_steps = total_steps
+        self.anneal_strategy = anneal_strategy
+        groups = optimizer.param_groups
         if last_epoch == -1:
-            for idx, group in enumerate(self.optimizer.param_groups):
-                group["initial_lr"] = max_lrs[idx] / div_factor
-                group["max_lr"] = max_lrs[idx]
-                group["min_lr"] = group["initial_lr"] / final_div_factor
+            for g, top in zip(groups, _per_group("max_lr", optimizer, max_lr)):
+                g["initial_lr"] = top / div_factor
+                g["max_lr"] = top
+                g["min_lr"] = g["initial_lr"] / final_div_factor
+        # (last step of the phase, lr key at its start, at its end, momentum key at start, at end)
+        up_end = float(pct_start * total_steps) - 1
+        if three_phase:
+            self._phases = [
+                (up_end, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                (float(2 * pct_start * total_steps) - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"),
+                (total_steps - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum"),
+            ]
+        else:
+            self._phases = [
+                (up_end, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                (total_steps - 1, "max_lr", "min_lr", "base_momentum", "max_momentum"),
+            ]
         self.cycle_momentum = cycle_momentum
-        if self.cycle_momentum:
-            if "momentum" not in self.optimizer.defaults and "betas" not in self.optimizer.defaults:
-                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
-            self.use_beta1 = "betas" in self.optimizer.defaults
-            max_momentums = _format_param("max_momentum", optimizer, max_momentum)
-            base_momentums = _format_param("base_momentum", optimizer, base_momentum)
+        if cycle_momentum:
+            self.use_beta1 = _momentum_uses_betas(optimizer, "OneCycleLR")
             if last_epoch == -1:
-                for m, b, group in zip(max_momentums, base_momentums, optimizer.param_groups):
-                    _set_momentum(group, self.use_beta1, m)
-                    group["max_momentum"] = m
-                    group["base_momentum"] = b
+                tops = _per_group("max_momentum", optimizer, max_momentum)
+                bottoms = _per_group("base_momentum", optimizer, base_momentum)
+                for g, top, bottom in zip(groups, tops, bottoms):
+                    _set_momentum(g, top, self.use_beta1)
+                    g["max_momentum"], g["base_momentum"] = top, bottom
         super().__init__(optimizer, last_epoch)
 
-    @staticmethod
-    def _annealing_cos(start: float, end: float, pct: float) -> float:
-        cos_out = math.cos(math.pi * pct) + 1
-        return end + (start - end) / 2.0 * cos_out
-
-    @staticmethod
-    def _annealing_linear(start: float, end: float, pct: float) -> float:
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self.anneal_strategy == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
         return (end - start) * pct + start
 
-    def _anneal_func(self, start: float, end: float, pct: float) -> float:
-        if self._anneal_func_type == "cos":
-            return self._annealing_cos(start, end, pct)
-        return self._annealing_linear(start, end, pct)
+    def _at(self, group: dict[str, Any]) -> tuple[float, float | None]:
+        """The (lr, momentum) of ``group`` at ``last_epoch``."""
+        t = self.last_epoch
+        if t > self.total_steps:
+            raise ValueError(
+                f"OneCycleLR stepped {t} times but the cycle has total_steps={self.total_steps}; "
+                "step once per batch, or make total_steps (or epochs * steps_per_epoch) cover the training"
+            )
+        begin = 0.0
+        for i, (end, lr0, lr1, m0, m1) in enumerate(self._phases):
+            if t <= end or i == len(self._phases) - 1:
+                pct = (t - begin) / (end - begin)
+                m = self._anneal(group[m0], group[m1], pct) if self.cycle_momentum else None
+                return self._anneal(group[lr0], group[lr1], pct), m
+            begin = end
+        raise AssertionError("unreachable")
 
     def get_lr(self) -> list[float]:
-        _warn_get_lr_called_within_step(self)
-        lrs = []
-        step_num = self.last_epoch
-        if step_num > self.total_steps:
+        return [self._at(g)[0] for g in self.optimizer.param_groups]
+
+    def _after_move(self) -> None:
+        if self.cycle_momentum:
+            for g in self.optimizer.param_groups:
+                m = self._at(g)[1]
+                assert m is not None
+                _set_momentum(g, m, self.use_beta1)
+
+
+class CyclicLR(LRScheduler):
+    """Cyclical learning rate: a triangle between ``base_lr`` and ``max_lr`` (``step_size_up`` steps up,
+    ``step_size_down`` down), its amplitude scaled by ``scale_fn``; momentum cycles the opposite way.
+    Call ``step()`` after every batch.
+
+    Args:
+        optimizer: The optimizer.
+        base_lr: The lower bound, or one per group.
+        max_lr: The upper bound, or one per group.
+        step_size_up: Steps in the rising half.
+        step_size_down: Steps in the falling half (default ``step_size_up``).
+        mode: ``"triangular"`` (constant amplitude), ``"triangular2"`` (halved each cycle) or
+            ``"exp_range"`` (scaled by ``gamma ** step``); ignored when ``scale_fn`` is given.
+        gamma: The base of ``exp_range``.
+        scale_fn: A custom amplitude scale, a function of the cycle or the step (see ``scale_mode``);
+            not saved by ``state_dict()``: the constructor's stays in use.
+        scale_mode: ``"cycle"`` or ``"iterations"``: the argument of a custom ``scale_fn``.
+        cycle_momentum: Cycle momentum / beta1 between ``base_momentum`` and ``max_momentum``.
+        base_momentum: The momentum at the lr's peak, or one per group.
+        max_momentum: The momentum at ``base_lr``, or one per group.
+        last_epoch: The last step when resuming (-1: start afresh).
+    """
+
+    _relative = False
+    _unsaved = frozenset({"optimizer", "_custom_scale_fn"})
+    _MODES: ClassVar[dict[str, str]] = {"triangular": "cycle", "triangular2": "cycle", "exp_range": "iterations"}
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        base_lr: float | list[float],
+        max_lr: float | list[float],
+        step_size_up: int = 2000,
+        step_size_down: int | None = None,
+        mode: str = "triangular",
+        gamma: float = 1.0,
+        scale_fn: Callable[[float], float] | None = None,
+        scale_mode: str = "cycle",
+        cycle_momentum: bool = True,
+        base_momentum: float = 0.8,
+        max_momentum: float = 0.9,
+        last_epoch: int = -1,
+    ) -> None:
+        if scale_fn is None and mode not in self._MODES:
+            raise ValueError(f"CyclicLR mode must be one of {sorted(self._MODES)}, or give a scale_fn; got {mode!r}")
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for g, lr in zip(optimizer.param_groups, base_lrs):
+                g["lr"] = lr
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        self.mode = mode
+        self.gamma = gamma
+        self._custom_scale_fn = scale_fn
+        self.scale_mode = scale_mode if scale_fn is not None else self._MODES[mode]
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            self.use_beta1 = _momentum_uses_betas(optimizer, "CyclicLR")
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for g, top, bottom in zip(optimizer.param_groups, self.max_momentums, self.base_momentums):
+                    _set_momentum(g, top, self.use_beta1)
+                    g["max_momentum"], g["base_momentum"] = top, bottom
+        self.base_lrs = base_lrs  # the cycle's floor, not initial_lr
+        super().__init__(optimizer, last_epoch)
+
+    def scale_fn(self, x: float) -> float:
+        """The amplitude's scale at ``x`` (the cycle number, or the step for ``exp_range``)."""
+        if self._custom_scale_fn is not None:
+            return self._custom_scale_fn(x)
+        if self.mode == "triangular":
+            return 1.0
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        return self.gamma**x
+
+    def _phase(self) -> tuple[float, float]:
+        """(position in the triangle, 0 at the floor and 1 at the peak; the amplitude's scale)."""
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        height = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        return height, self.scale_fn(cycle if self.scale_mode == "cycle" else self.last_epoch)
+
+    def get_lr(self) -> list[float]:
+        height, scale = self._phase()
+        return [lo + (hi - lo) * height * scale for lo, hi in zip(self.base_lrs, self.max_lrs)]
+
+    def _after_move(self) -> None:
+        if self.cycle_momentum:
+            height, scale = self._phase()
+            for g, lo, hi in zip(self.optimizer.param_groups, self.base_momentums, self.max_momentums):
+                _set_momentum(g, hi - (hi - lo) * height * scale, self.use_beta1)
+
+
+class _Composite:
+    """state_dict / load_state_dict for schedulers that drive child schedulers."""
+
+    _schedulers: list[LRScheduler]
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = {k: v for k, v in vars(self).items() if k not in ("optimizer", "_schedulers")}
+        sd["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        children = state_dict.get("_schedulers", [])
+        if len(children) != len(self._schedulers):
             raise ValueError(
-                f"Tried to step {step_num} times. The specified number of total steps is {self.total_steps}"
+                f"the state holds {len(children)} schedulers, this {type(self).__name__} has "
+                f"{len(self._schedulers)}; build it with the same schedulers before loading"
             )
-        for group in self.optimizer.param_groups:
-            start_step = 0.0
-            computed_lr = computed_momentum = 0.0
-            for i, phase in enumerate(self._schedule_phases):
-                end_step = phase["end_step"]
-                if step_num <= end_step or i == len(self._schedule_phases) - 1:
-                    pct = (step_num - start_step) / (end_step - start_step)
-                    computed_lr = self._anneal_func(group[phase["start_lr"]], group[phase["end_lr"]], pct)
-                    if self.cycle_momentum:
-                        computed_momentum = self._anneal_func(
-                            group[phase["start_momentum"]], group[phase["end_momentum"]], pct
-                        )
-                    break
-                start_step = phase["end_step"]
-            lrs.append(computed_lr)
-            if self.cycle_momentum:
-                _set_momentum(group, self.use_beta1, computed_momentum)
-        return lrs
+        self.__dict__.update({k: v for k, v in state_dict.items() if k != "_schedulers"})
+        for s, sd in zip(self._schedulers, children):
+            s.load_state_dict(sd)
 
 
-def _phase(end_step: float, start_lr: str, end_lr: str, start_m: str, end_m: str) -> dict[str, Any]:
-    return {
-        "end_step": end_step,
-        "start_lr": start_lr,
-        "end_lr": end_lr,
-        "start_momentum": start_m,
-        "end_momentum": end_m,
-    }
+def _check_children(schedulers: Sequence[Any], optimizer: Optimizer, who: str) -> None:
+    if len(schedulers) == 0:
+        raise ValueError(f"{who} needs at least one scheduler")
+    for i, s in enumerate(schedulers):
+        if isinstance(s, ReduceLROnPlateau) or not isinstance(s, LRScheduler):
+            raise TypeError(f"{who}: schedulers[{i}] must be an epoch-driven LRScheduler, got {type(s).__name__}")
+        if s.optimizer is not optimizer:
+            raise ValueError(f"{who}: schedulers[{i}] drives a different optimizer; all must share one")
+
+
+class SequentialLR(_Composite, LRScheduler):
+    """Runs ``schedulers[0]``, then from epoch ``milestones[0]`` on ``schedulers[1]`` (restarted at its
+    epoch 0), and so on.
+
+    Args:
+        optimizer: The optimizer all the schedulers drive.
+        schedulers: The schedules, in order.
+        milestones: The epochs at which the next scheduler takes over (one fewer than schedulers).
+        last_epoch: The last epoch when resuming (-1: start afresh).
+    """
+
+    def __init__(
+        self, optimizer: Optimizer, schedulers: list[LRScheduler], milestones: list[int], last_epoch: int = -1
+    ) -> None:
+        _check_children(schedulers, optimizer, "SequentialLR")
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError(
+                f"SequentialLR needs one milestone between each two schedulers: {len(schedulers)} schedulers, "
+                f"so {len(schedulers) - 1} milestones, got {len(milestones)}"
+            )
+        self.optimizer = optimizer
+        self._schedulers = list(schedulers)
+        self._milestones = list(milestones)
+        self.last_epoch = last_epoch + 1
+        self._order_checked = False
+        # every child took its first step on construction; only the first one's should count
+        for g in optimizer.param_groups:
+            g["lr"] = g["initial_lr"]
+        for s in self._schedulers:
+            s.last_epoch -= 1
+        first = self._schedulers[0]
+        first._move_to(first.last_epoch + 1, absolute=True)
+        self._last_lr = first.get_last_lr()
+
+    def step(self) -> None:  # type: ignore[override]
+        """Advance one epoch: step the active scheduler, or restart the next one at a milestone."""
+        _warn_if_optimizer_idle(self)
+        self.last_epoch += 1
+        i = bisect_right(self._milestones, self.last_epoch)
+        s = self._schedulers[i]
+        if i > 0 and self._milestones[i - 1] == self.last_epoch:
+            s._move_to(0, absolute=True)
+        else:
+            s._move_to(s.last_epoch + 1)
+        self._last_lr = s.get_last_lr()
+
+
+class ChainedScheduler(_Composite, LRScheduler):
+    """Steps several schedulers together, each applying its change on top of the others' (their
+    factors multiply).
+
+    Args:
+        schedulers: The schedulers, stepped in this order.
+        optimizer: Their optimizer (default: the first scheduler's).
+    """
+
+    def __init__(self, schedulers: Sequence[LRScheduler], optimizer: Optimizer | None = None) -> None:
+        if len(schedulers) == 0:
+            raise ValueError("ChainedScheduler needs at least one scheduler")
+        optimizer = optimizer if optimizer is not None else schedulers[0].optimizer
+        _check_children(schedulers, optimizer, "ChainedScheduler")
+        self.optimizer = optimizer
+        self._schedulers = list(schedulers)
+        self._order_checked = False
+        self._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+    def step(self) -> None:  # type: ignore[override]
+        """Step every scheduler once, in order."""
+        _warn_if_optimizer_idle(self)
+        for s in self._schedulers:
+            s._move_to(s.last_epoch + 1)
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Multiplies the lr by ``factor`` when a metric has not improved for ``patience`` steps.
+
+    Args:
+        optimizer: The optimizer.
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        factor: The reduction, in [0, 1).
+        patience: Steps without improvement tolerated before reducing (the reduction comes on the next).
+        threshold: The least change that counts as an improvement.
+        threshold_mode: ``"rel"`` (``best * (1 -/+ threshold)``) or ``"abs"`` (``best -/+ threshold``).
+        cooldown: Steps after a reduction during which bad steps are not counted.
+        min_lr: The lowest lr, or one per group.
+        eps: Reductions smaller than this are skipped.
+
+    Attributes:
+        best: The best metric so far.
+        num_bad_epochs: Steps since the last improvement (reset by reductions and cooldown).
+        cooldown_counter: Cooldown steps left.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        mode: str = "min",
+        factor: float = 0.1,
+        patience: int = 10,
+        threshold: float = 1e-4,
+        threshold_mode: str = "rel",
+        cooldown: int = 0,
+        min_lr: list[float] | float = 0,
+        eps: float = 1e-8,
+    ) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"ReduceLROnPlateau needs an asyncgrad.optim.Optimizer, got {type(optimizer).__name__}")
+        if factor >= 1.0:
+            raise ValueError(f"ReduceLROnPlateau factor must be < 1 (it reduces the lr), got {factor}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"ReduceLROnPlateau mode must be 'min' or 'max', got {mode!r}")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}")
+        self.optimizer = optimizer
+        self.min_lrs = [float(v) for v in _per_group("min_lr", optimizer, min_lr)]
+        self.factor = factor
+        self.patience = patience
+        self.threshold = threshold
+        self.threshold_mode = threshold_mode
+        self.cooldown = cooldown
+        self.eps = eps
+        self.mode = mode
+        self.mode_worse = math.inf if mode == "min" else -math.inf
+        self.best = self.mode_worse
+        self.num_bad_epochs = 0
+        self.cooldown_counter = 0
+        self.last_epoch = 0
+        self._order_checked = True  # a metric-driven schedule has no first value to skip
+        self._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+    @property
+    def in_cooldown(self) -> bool:
+        """Whether reductions are paused after the last one."""
+        return self.cooldown_counter > 0
+
+    def _improves(self, value: float) -> bool:
+        t = self.threshold
+        if self.mode == "min":
+            return value < (self.best * (1.0 - t) if self.threshold_mode == "rel" else self.best - t)
+        return value > (self.best * (1.0 + t) if self.threshold_mode == "rel" else self.best + t)
+
+    def step(self, metrics: Any, epoch: int | None = None) -> None:  # type: ignore[override]
+        """Record one value of the metric (a number or a one-element tensor) and reduce the lr if it
+        has stalled.
+
+        Args:
+            metrics: The monitored quantity.
+            epoch: Deprecated: the epoch number to record (warns).
+        """
+        value = float(metrics)
+        if epoch is None:
+            self.last_epoch += 1
+        else:
+            _warn_epoch_argument("ReduceLROnPlateau")
+            self.last_epoch = epoch
+        if self._improves(value):
+            self.best = value
+            self.num_bad_epochs = 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            for g, floor in zip(self.optimizer.param_groups, self.min_lrs):
+                new = max(g["lr"] * self.factor, floor)
+                if g["lr"] - new > self.eps:
+                    g["lr"] = new
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
