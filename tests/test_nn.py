@@ -82,7 +82,7 @@ async def test_forward_call_hooks_and_repr() -> None:
     async with ag.open_runtime():
         ag.manual_seed(0)
         net = Net()
-        x = ag.tensor(np.ones((5, 4)))
+        x = ag.tensor(np.ones((5, 4)), dtype="float32")
         y = net(x)
         assert y.shape == (5, 2) and y.requires_grad
         calls: list[str] = []
@@ -109,7 +109,7 @@ async def test_sequential_and_modulelist() -> None:
         assert len(seq[:2]) == 2
         ml = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
         assert len(list(ml.parameters())) == 6 and [n for n, _ in ml.named_parameters()][-1] == "2.bias"
-        out = seq(ag.tensor(np.ones((2, 3))))
+        out = seq(ag.tensor(np.ones((2, 3)), dtype="float32"))
         assert out.shape == (2, 2)
 
 
@@ -120,7 +120,7 @@ async def test_train_eval_and_zero_grad() -> None:
         assert net.eval() is net and not any(m.training for m in net.modules())
         net.train()
         assert all(m.training for m in net.modules())
-        loss = net(ag.tensor(np.ones((4, 3)))).sum()
+        loss = net(ag.tensor(np.ones((4, 3)), dtype="float32")).sum()
         await loss.backward()
         assert all(p.grad is not None for p in net.parameters())
         net.zero_grad(set_to_none=False)

@@ -716,3 +716,21 @@ async def test_batchnorm_in_a_model_trains_and_loads(rt, rng) -> None:
     model.eval()
     clone.eval()
     np.testing.assert_allclose(model(x).numpy(), clone(x).numpy(), rtol=1e-6)
+
+
+async def test_softmax_without_dim_uses_pytorchs_legacy_choice_and_warns(rt) -> None:
+    x = ag.tensor(np.arange(24.0).reshape(2, 3, 4))
+    with pytest.warns(UserWarning, match="softmax\\(\\) without dim"):
+        y = F.softmax(x)
+    np.testing.assert_allclose(y.numpy(), F.softmax(x, 0).numpy())  # 3-dim: dim 0
+    with pytest.warns(UserWarning, match="log_softmax\\(\\) without dim"):
+        z = nn.LogSoftmax()(ag.tensor(np.zeros((2, 5))))
+    np.testing.assert_allclose(z.numpy(), np.full((2, 5), -np.log(5.0)))  # 2-dim: dim 1
+
+
+async def test_linear_refuses_an_input_of_another_dtype(rt) -> None:
+    lin = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="linear: input has dtype float64 but the weight has float32"):
+        lin(ag.tensor(np.ones((4, 3))))
+    assert lin(ag.tensor(np.ones((4, 3)), dtype="float32")).dtype == np.float32
+    assert lin.double()(ag.tensor(np.ones((4, 3)))).dtype == np.float64

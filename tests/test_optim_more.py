@@ -583,7 +583,7 @@ async def test_optimizers_accept_named_parameters(rt, cls_name: str) -> None:
     opt = getattr(optim, cls_name)(model.named_parameters(), lr=0.01)
     assert opt.param_groups[0]["param_names"] == names
     assert opt.param_groups[0]["params"] == list(model.parameters())
-    x = ag.tensor(np.ones((5, 3)))
+    x = ag.tensor(np.ones((5, 3)), dtype="float32")
     await model(x).sum().backward()
     opt.step()
     sd = opt.state_dict()

@@ -79,8 +79,13 @@ def _linear_meta(x: Any, w: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]
         )
     if b is not None and tuple(b.shape) != (w.shape[0],):
         raise OpError(f"linear: bias of shape {tuple(b.shape)} must be ({w.shape[0]},)")
-    dt = np.result_type(x.dtype, w.dtype) if b is None else np.result_type(x.dtype, w.dtype, b.dtype)
-    return (*x.shape[:-1], w.shape[0]), dt
+    for name, t in (("input", x), ("bias", b)):
+        if t is not None and t.dtype != w.dtype:  # PyTorch does not promote here either
+            raise OpError(
+                f"linear: {name} has dtype {t.dtype} but the weight has {w.dtype}; they must match "
+                "(convert the input with .to(dtype), or the module with .to(dtype) / .double())"
+            )
+    return (*x.shape[:-1], w.shape[0]), np.dtype(w.dtype)
 
 
 def _linear_kernel(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
@@ -140,18 +145,33 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     return _gelu_op(input, approximate)
 
 
+def _implicit_dim(name: str, ndim: int) -> int:
+    # PyTorch's legacy choice when no dim is given: 0 for 0-, 1- and 3-dim inputs, else 1
+    warnings.warn(
+        f"{name}() without dim picks a dim the old PyTorch way (0 for 0-, 1- and 3-dim inputs, else 1), "
+        "which is deprecated there too; pass dim explicitly",
+        UserWarning,
+        stacklevel=3,
+    )
+    return 0 if ndim in (0, 1, 3) else 1
+
+
 def softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Tensor:
-    """Softmax along ``dim`` (default: the last dim)."""
+    """Softmax along ``dim`` (without it, PyTorch's deprecated implicit choice, with a warning)."""
+    if dim is None:
+        dim = _implicit_dim("softmax", input.ndim)
     if dtype is not None:
         input = input.to(dtype=dtype)
-    return _rt.softmax(input, -1 if dim is None else dim)
+    return _rt.softmax(input, dim)
 
 
 def log_softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Tensor:
-    """Log-softmax along ``dim`` (default: the last dim), computed stably."""
+    """Log-softmax along ``dim``, computed stably (without ``dim``: as `softmax`)."""
+    if dim is None:
+        dim = _implicit_dim("log_softmax", input.ndim)
     if dtype is not None:
         input = input.to(dtype=dtype)
-    return _rt.log_softmax(input, -1 if dim is None else dim)
+    return _rt.log_softmax(input, dim)
 
 
 # ---- more activations (composed of differentiable ops, so second derivatives come for free) ----------
