@@ -734,3 +734,8 @@ async def test_linear_refuses_an_input_of_another_dtype(rt) -> None:
         lin(ag.tensor(np.ones((4, 3))))
     assert lin(ag.tensor(np.ones((4, 3)), dtype="float32")).dtype == np.float32
     assert lin.double()(ag.tensor(np.ones((4, 3)))).dtype == np.float64
+
+
+def test_conv2d_same_padding_with_stride_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="padding='same' needs stride 1"):
+        nn.Conv2d(1, 1, 3, stride=2, padding="same")

@@ -591,6 +591,10 @@ class Conv2d(Module):
             raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
         if isinstance(padding, str) and padding not in ("valid", "same"):
             raise ValueError(f"invalid padding string {padding!r}, should be one of 'valid', 'same'")
+        if padding == "same" and _pair(stride) != (1, 1):
+            raise ValueError(
+                f"Conv2d: padding='same' needs stride 1, got stride={stride}; give the padding as numbers instead"
+            )
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = _pair(kernel_size)
