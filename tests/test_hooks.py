@@ -310,7 +310,8 @@ async def test_retain_grad_on_non_leaf(rt: Any) -> None:
         await z.sum().backward()
     np.testing.assert_array_equal(y.grad.numpy(), [3.0, 3.0, 3.0])
     np.testing.assert_array_equal(x.grad.numpy(), [12.0, 12.0, 12.0])
-    assert z.grad is None  # not retained
+    with pytest.warns(UserWarning, match="not a leaf"):
+        assert z.grad is None  # not retained (and reading it warns, as in PyTorch)
     assert y.grad.grad_fn is None and not y.grad.requires_grad
 
 

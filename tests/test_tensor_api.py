@@ -367,3 +367,102 @@ async def test_small_tensor_helpers(rt: Any) -> None:
     assert -2.0 <= w.numpy().min() and w.numpy().max() < -1.0
     w.normal_(5.0, 0.1)
     assert abs(w.numpy().mean() - 5.0) < 0.05
+
+
+async def test_writing_a_value_that_requires_grad_in_place_is_refused(rt: Any) -> None:
+    """PyTorch records such a write in the graph; asyncgrad records no in-place op, so it refuses rather
+    than drop the value's gradient silently."""
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    out = ag.zeros(2, dtype="float64")
+    for call in (lambda: out.__setitem__(0, x[1] * 3.0), lambda: out.__iadd__(x), lambda: out.add_(x),
+                 lambda: out.mul_(x), lambda: out.copy_(x)):
+        with pytest.raises(RuntimeError, match=r"writes a value that requires grad \(shape .*\) into a tensor outside"):
+            call()
+    np.testing.assert_array_equal(out.numpy(), [0.0, 0.0])
+    out[0] = x[1].detach() * 3.0  # what the message suggests when no gradient should flow
+    with ag.no_grad():
+        out += x  # and under no_grad nothing is recorded anyway
+    np.testing.assert_array_equal(out.numpy(), [7.0, 2.0])
+
+
+async def test_grad_mode_decorators_as_pytorch(rt: Any) -> None:
+    @ag.no_grad
+    def f() -> bool:
+        return ag.is_grad_enabled()
+
+    @ag.set_grad_enabled(False)
+    def g() -> bool:
+        return ag.is_grad_enabled()
+
+    assert ag.is_grad_enabled()  # decorating did not switch the mode
+    assert not f() and not g() and ag.is_grad_enabled()
+    with ag.inference_mode(False):
+        assert ag.is_grad_enabled()
+    with ag.inference_mode():
+        assert not ag.is_grad_enabled()
+
+    @ag.inference_mode
+    async def h() -> bool:
+        return ag.is_grad_enabled()
+
+    assert not await h() and ag.is_grad_enabled()
+
+
+# ---- autograd details from PyTorch --------------------------------------------------------------
+
+
+async def test_grad_materialize_grads_gives_zeros_for_unused_inputs(rt: Any) -> None:
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    u = ag.tensor([[3.0]], dtype="float64", requires_grad=True)
+    gx, gu = await ag.grad((x * x).sum(), [x, u], materialize_grads=True)
+    np.testing.assert_array_equal(gx.numpy(), [2.0, 4.0])
+    assert gu.shape == (1, 1) and gu.dtype == np.float64 and gu.numpy().sum() == 0
+    with pytest.raises(ValueError, match="materialize_grads=True needs allow_unused"):
+        ag.grad((x * x).sum(), [x, u], allow_unused=False, materialize_grads=True)
+
+
+async def test_function_gradient_for_a_non_tensor_input_is_an_error(rt: Any) -> None:
+    class Scale(ag.Function):
+        @staticmethod
+        def forward(ctx: Any, a: Any, k: int) -> Any:
+            ctx.k = k
+            return a * k
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            return g * ctx.k, g  # a gradient for the int: PyTorch refuses it
+
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    with pytest.raises(RuntimeError, match="ScaleBackward: backward returned a gradient for input 1, but that"):
+        await Scale.apply(x, 3).sum().backward()
+    assert x.grad is None
+
+
+async def test_once_differentiable_runs_backward_without_a_graph(rt: Any) -> None:
+    class Sq(ag.Function):
+        @staticmethod
+        def forward(ctx: Any, a: Any) -> Any:
+            ctx.save_for_backward(a)
+            return a * a
+
+        @staticmethod
+        @ag.once_differentiable
+        def backward(ctx: Any, g: Any) -> Any:
+            (a,) = ctx.saved_tensors
+            assert not ag.is_grad_enabled()
+            return 2.0 * a * g
+
+    x = ag.tensor([1.0, 3.0], dtype="float64", requires_grad=True)
+    (gx,) = await ag.grad(Sq.apply(x).sum(), x, create_graph=True)
+    np.testing.assert_array_equal(gx.numpy(), [2.0, 6.0])
+    assert not gx.requires_grad
+
+
+async def test_retain_grad_and_non_leaf_grad_as_pytorch(rt: Any) -> None:
+    with pytest.raises(RuntimeError, match="retain_grad\\(\\) on a tensor that does not require grad"):
+        ag.ones(2).retain_grad()
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2.0
+    await y.sum().backward()
+    with pytest.warns(UserWarning, match="reading .grad of a tensor that is not a leaf"):
+        assert y.grad is None

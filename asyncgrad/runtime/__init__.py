@@ -43,8 +43,8 @@ from ._factories import (
     zeros,
     zeros_like,
 )
-from ._function import Function, FunctionCtx
-from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from ._function import Function, FunctionCtx, once_differentiable
+from ._grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from ._hooks import RemovableHandle
 from ._layout import empty_like_contract, is_dense_nonoverlapping, obeys_contract
 from ._ops_act import gelu
@@ -167,7 +167,6 @@ def numel(t: Tensor) -> int:
     return t.numel()
 
 
-inference_mode = no_grad  # PyTorch's faster no_grad; here they are the same
 
 __all__ = [
     "OPS",
@@ -292,6 +291,7 @@ __all__ = [
     "normal",
     "numel",
     "obeys_contract",
+    "once_differentiable",
     "ones",
     "ones_like",
     "open_runtime",

@@ -186,6 +186,11 @@ def check_function_grads(node: Any, r: Any) -> list[Any]:
         )
     out: list[Any] = []
     for i, (g, e) in enumerate(zip(grads, node.next)):
+        if g is not None and node.in_shapes[i] is None:
+            raise BackwardError(
+                f"{node.name()}: backward returned a gradient for input {i}, but that forward input is not "
+                "a Tensor; return None in its place"
+            )
         if e is None or g is None:
             out.append(None)
             continue

@@ -272,21 +272,34 @@ def grad(
     *,
     retain_graph: bool | None = None,
     create_graph: bool = False,
-    allow_unused: bool = False,
+    allow_unused: bool | None = None,
+    materialize_grads: bool = False,
 ) -> Any:
     """Gradients of ``outputs`` w.r.t. ``inputs``, returned instead of accumulated; await the result.
 
     Returns:
         A tuple with one gradient per input; an input the outputs do not depend on raises, unless
-        ``allow_unused=True`` (its entry is then None).
+        ``allow_unused=True`` (its entry is then None) or ``materialize_grads=True`` (zeros instead).
     """
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    elif materialize_grads and not allow_unused:
+        raise ValueError("grad(): materialize_grads=True needs allow_unused to be True or left unset")
     _check_not_plain("grad()")
     rt = current_runtime("grad()")
     outs = _as_list(outputs)
     ins, keys = _targets_of("grad", inputs)
     grads = _root_grads("grad", outs, None if grad_outputs is None else _as_list(grad_outputs))
     retain = create_graph if retain_graph is None else retain_graph
-    return _grad(rt, outs, grads, ins, keys, retain, create_graph, allow_unused, None)
+    p = _grad(rt, outs, grads, ins, keys, retain, create_graph, allow_unused, None)
+    return _materialized(p, ins) if materialize_grads else p
+
+
+async def _materialized(p: Pass, ins: list[Tensor]) -> tuple[Tensor, ...]:
+    from ._factories import zeros_like
+
+    gs = await p
+    return tuple(zeros_like(t) if g is None else g for g, t in zip(gs, ins))
 
 
 def _grad(

@@ -193,3 +193,28 @@ class Function(metaclass=_FunctionMeta):
         node.out_meta = tuple(meta)
         node.n_outputs = len(outs)
         return wrapped[0] if single else tuple(wrapped)
+
+
+def once_differentiable(backward: Any) -> Any:
+    """Decorate a `Function`'s ``backward`` that is not itself differentiable (PyTorch's decorator): it
+    runs under ``no_grad``, so a double backward through it finds no graph instead of a wrong one."""
+    import functools
+    import inspect
+
+    from ._grad_mode import no_grad
+
+    if inspect.iscoroutinefunction(backward):
+
+        @functools.wraps(backward)
+        async def awrapper(ctx: Any, *grads: Any) -> Any:
+            with no_grad():
+                return await backward(ctx, *grads)
+
+        return awrapper
+
+    @functools.wraps(backward)
+    def wrapper(ctx: Any, *grads: Any) -> Any:
+        with no_grad():
+            return backward(ctx, *grads)
+
+    return wrapper

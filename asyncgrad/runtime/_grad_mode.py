@@ -75,7 +75,21 @@ class _GradMode:
         return ()
 
 
-class no_grad(_GradMode):
+class _NoArgGradMode(_GradMode):
+    """A grad mode that also decorates without parentheses (``@ag.no_grad``), as PyTorch's do."""
+
+    __slots__ = ()
+
+    def __new__(cls, orig_func: Callable[..., Any] | None = None) -> Any:
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+    def __init__(self, orig_func: Callable[..., Any] | None = None) -> None:
+        super().__init__()
+
+
+class no_grad(_NoArgGradMode):
     """Context manager (or decorator) that disables graph recording in the current task."""
 
     __slots__ = ()
@@ -83,12 +97,36 @@ class no_grad(_GradMode):
     _flag = False
 
 
-class enable_grad(_GradMode):
+class enable_grad(_NoArgGradMode):
     """Context manager (or decorator) that enables graph recording in the current task."""
 
     __slots__ = ()
 
     _flag = True
+
+
+class inference_mode(_GradMode):
+    """``no_grad`` under PyTorch's other name (here they are the same): ``inference_mode(False)`` leaves
+    the mode as it is. A context manager or a decorator, with or without parentheses."""
+
+    __slots__ = ("_flag",)
+
+    def __new__(cls, mode: Any = True) -> Any:
+        if callable(mode):
+            return cls()(mode)
+        return super().__new__(cls)
+
+    def __init__(self, mode: Any = True) -> None:
+        super().__init__()
+        self._flag = not bool(mode)
+
+    def __enter__(self) -> None:
+        prev = _grad_enabled.get()
+        self._push(prev)
+        _grad_enabled.set(self._flag and prev)
+
+    def _args(self) -> tuple[Any, ...]:
+        return (not self._flag,)
 
 
 class set_grad_enabled(_GradMode):
@@ -116,6 +154,11 @@ class set_grad_enabled(_GradMode):
     ) -> None:
         self._pop()
         _grad_enabled.set(self._before)
+
+    def __call__(self, fn: F) -> F:
+        # decorating: the mode set by __init__ is undone, each call of ``fn`` sets it for its duration
+        _grad_enabled.set(self._before)
+        return super().__call__(fn)
 
     def _args(self) -> tuple[Any, ...]:
         return (self._flag,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import warnings
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +183,15 @@ class Tensor:
 
     @property
     def grad(self) -> Tensor | None:
-        return self._grad
+        g = self._grad
+        if g is None and self._grad_fn is not None and not self._retains_grad:
+            warnings.warn(
+                "reading .grad of a tensor that is not a leaf: backward fills .grad only for leaves, so this "
+                "is None; call .retain_grad() on it before backward to keep its gradient",
+                UserWarning,
+                stacklevel=2,
+            )
+        return g
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
@@ -199,6 +208,11 @@ class Tensor:
 
     def retain_grad(self) -> None:
         """Keep `.grad` for this non-leaf tensor after backward."""
+        if not self._rg:
+            raise RuntimeError(
+                "retain_grad() on a tensor that does not require grad: it will never get a gradient; "
+                "make the tensors it comes from require grad first"
+            )
         if self._grad_fn is None:
             return
         if not self._retains_grad:
@@ -520,17 +534,17 @@ class Tensor:
         return _inplace.inplace(self, lambda a: a.fill(value))
 
     def copy_(self, src: Tensor | np.ndarray) -> Tensor:
-        self._check_inplace("copy_")
+        self._check_inplace("copy_", src)
         return _inplace.inplace(self, lambda a, s: np.copyto(a, s), src)
 
     def add_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
-        self._check_inplace("add_")
+        self._check_inplace("add_", other)
         if alpha == 1.0:
             return _inplace.inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
         return _inplace.inplace(self, lambda a, o: np.add(a, alpha * o, out=a, casting="unsafe"), other)
 
     def mul_(self, other: Any) -> Tensor:
-        self._check_inplace("mul_")
+        self._check_inplace("mul_", other)
         return _inplace.inplace(self, lambda a, o: np.multiply(a, o, out=a, casting="unsafe"), other)
 
     def sub_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
@@ -549,15 +563,26 @@ class Tensor:
         return self._iop(other, np.true_divide, "div")
 
     def _iop(self, other: Any, ufunc: Any, name: str) -> Tensor:
-        self._check_inplace(name)
+        self._check_inplace(name, other)
         return _inplace.inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
 
-    def _check_inplace(self, name: str) -> None:
-        if self._rg and _grad_mode.is_grad_enabled():
+    def _check_inplace(self, name: str, *values: Any) -> None:
+        if not _grad_mode._grad_enabled.get():
+            return
+        if self._rg:
             raise RuntimeError(
                 f"in-place {name} on a tensor that requires grad while grad mode is on would corrupt the "
                 "graph; use `with asyncgrad.no_grad():` or an out-of-place op"
             )
+        for v in values:
+            if isinstance(v, Tensor) and v._rg:
+                # PyTorch would record the write in the graph; asyncgrad records no in-place op, and
+                # silently dropping the value's gradient would give wrong gradients
+                raise RuntimeError(
+                    f"in-place {name} writes a value that requires grad (shape {v._shape}) into a tensor "
+                    "outside the graph, so its gradient would be lost; build the result out of place "
+                    "(asyncgrad.where, stack, concat, ...) or write value.detach() if no gradient should flow"
+                )
 
     def __setitem__(self, idx: Any, value: Any) -> None:
         """``t[idx] = value`` in place, in stream order (indexing as in ``t[idx]``).
@@ -566,7 +591,7 @@ class Tensor:
         needs ``with asyncgrad.no_grad():`` (as PyTorch requires for a leaf), or an out-of-place
         formulation such as `asyncgrad.where`.
         """
-        self._check_inplace("assignment (t[idx] = value)")
+        self._check_inplace("assignment (t[idx] = value)", value)
         from ._ops_shape import setitem_parts
 
         tensors, assign = setitem_parts(idx)
