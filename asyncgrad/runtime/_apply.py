@@ -11,7 +11,7 @@ import contextvars
 from typing import Any
 
 from ..devices import INLINE_MAX_ELEMENTS, Stream
-from ._dispatch import OpNode, _camel, wait_for
+from ._dispatch import OpNode, _camel, check_saved_versions, wait_for
 from ._tensor import Tensor
 from ._xp import AG, NP, sum_to
 
@@ -50,6 +50,7 @@ def _ready(t: Any) -> bool:
 
 def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     """Run the node's rule on numpy arrays: inline when tiny and ready, else as one kernel on its stream."""
+    check_saved_versions(node)  # here on the loop, before anything is queued (the kernel reads `_data` later)
     args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
     out = node.out
     gd = g._data
@@ -156,6 +157,7 @@ def ag_namespace() -> Any:
 
 def apply_op_graph(node: OpNode, g: Tensor) -> list[Any]:
     """``create_graph=True``: run the rule with asyncgrad ops so the backward is recorded."""
+    check_saved_versions(node)
     return run_rule(node, ag_namespace(), g, list(node.args or ()), node.out)
 
 

@@ -33,7 +33,8 @@ class Op:
     """A differentiable (or not) operation: kernel, meta and backward rule, registered by name."""
 
     __slots__ = (
-        "any_kind", "cast_in", "fast_dtypes", "fast_kinds", "fills_out", "kernel", "meta", "name", "rule", "save_out"
+        "any_kind", "cast_in", "fast_dtypes", "fast_kinds", "fills_out", "kernel", "meta", "name", "rule",
+        "save_out", "saves", "saves0", "saves_none",
     )
 
     def __init__(
@@ -45,12 +46,19 @@ class Op:
         save_out: bool = False,
         cast_in: bool = False,
         fast_kinds: str = "",
+        saves: tuple[int, ...] | None = None,
     ) -> None:
         self.name = name
         self.kernel = kernel
         self.meta = meta
         self.rule = rule
         self.save_out = save_out
+        # the positional args whose values the rule reads (None: every tensor arg, the safe default): their
+        # versions are recorded with the node and checked before its backward runs (PyTorch's "modified by
+        # an inplace operation"); () for rules that read only shapes, dtypes or devices
+        self.saves = saves
+        self.saves_none = saves == ()
+        self.saves0 = saves is None or 0 in saves  # reads arg 0 (the fast initialisers' one tensor)
         # the kernel computes in the result dtype: array operands of another dtype are cast first
         # (int / 2 divides in float32 like PyTorch, instead of in float64 and casting the result)
         self.cast_in = cast_in
@@ -80,11 +88,12 @@ def defop(
     save_out: bool = False,
     cast_in: bool = False,
     fast_kinds: str = "",
+    saves: tuple[int, ...] | None = None,
 ) -> Op:
     """Register an op in the table (one entry per name; rules live next to their forwards)."""
     if name in OPS:
         raise ValueError(f"op {name!r} is already registered")
-    op = OPS[name] = Op(name, kernel, meta, rule, save_out, cast_in, fast_kinds)
+    op = OPS[name] = Op(name, kernel, meta, rule, save_out, cast_in, fast_kinds, saves)
     return op
 
 
@@ -185,9 +194,10 @@ class OpNode(Node):
 
     out: Any = None  # the output, saved only by ops whose rule needs it (save_out)
 
-    __slots__ = ("args", "kw", "needs", "op")
+    __slots__ = ("args", "kw", "needs", "op", "ver")
 
     args: tuple[Any, ...] | None  # None once released
+    ver: int  # the versions of the saved args when recorded, packed (see `saved_versions`)
 
     def __init__(self, op: Op, args: tuple[Any, ...], kw: dict[str, Any], stream: Stream | None) -> None:
         self.stream = stream
@@ -196,6 +206,7 @@ class OpNode(Node):
         self.args = args
         self.kw = kw
         self.next, self.needs = edges_of(args)
+        self.ver = 0 if op.saves_none else saved_versions(op.saves, args)
 
     def _fast1(self, op: Op, a: Any) -> None:
         """__init__ for one tensor input that requires grad (no stream: the op ran inline)."""
@@ -204,6 +215,7 @@ class OpNode(Node):
         self.args = (a,)
         self.kw = EMPTY
         self.stream = None
+        self.ver = a._version if op.saves0 else 0
         fn = a._grad_fn
         self.next = ((fn, a._out_nr) if fn is not None else (a, 0),)
         self.needs = _NEEDS1
@@ -215,9 +227,24 @@ class OpNode(Node):
         self.args = (a, b)
         self.kw = EMPTY
         self.stream = None
+        self.ver = a._version if op.saves0 else 0
         fn = a._grad_fn
         self.next = ((fn, a._out_nr) if fn is not None else (a, 0), None)
         self.needs = _NEEDS_TS
+
+    def _fast2t(self, op: Op, a: Any, b: Any) -> None:
+        """__init__ for two tensors (no stream: the op ran inline)."""
+        self.seq = next(_node_seq)
+        self.op = op
+        args = self.args = (a, b)
+        self.kw = EMPTY
+        self.stream = None
+        self.next, self.needs = edges_of(args)
+        sv = op.saves
+        if sv is None:
+            self.ver = a._version + (b._version << 32)
+        else:
+            self.ver = 0 if op.saves_none else saved_versions(sv, args)
 
     def name(self) -> str:
         return f"{_camel(self.op.name)}Backward0"
@@ -237,6 +264,59 @@ class OpNode(Node):
     @property
     def _released(self) -> bool:  # type: ignore[override]
         return self.args is None
+
+
+def saved_versions(saves: tuple[int, ...] | None, args: tuple[Any, ...]) -> int:
+    """The current versions of the saved tensor args (``saves``; None: all), packed into one int: arg i's
+    version in bits 32*i and up. Versions only grow, so any in-place write to one of them changes it."""
+    v = 0
+    if saves is None:
+        sh = 0
+        for a in args:
+            if isinstance(a, Tensor):
+                x = a._version
+                if x:
+                    v += x << sh
+            sh += 32
+    else:
+        for i in saves:
+            a = args[i]
+            if isinstance(a, Tensor):
+                v += a._version << (i << 5)
+    return v
+
+
+def check_saved_versions(node: OpNode) -> None:
+    """Raise if a tensor ``node``'s backward reads was changed in place since the forward recorded it."""
+    args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # never called on a released node
+    op = node.op
+    if op.saves_none and node.out is None:
+        return
+    now = 0 if op.saves_none else saved_versions(op.saves, args)
+    out = node.out
+    n = len(args)
+    if out is not None:
+        now += out._version << (n << 5)  # the output was saved at version 0, when it was made
+    if now == node.ver:
+        return
+    for i in range(n + 1):
+        t = out if i == n else args[i]
+        if t is None or not isinstance(t, Tensor):
+            continue
+        was = (node.ver >> (i << 5)) & 0xFFFFFFFF
+        cur = t._version
+        if (cur & 0xFFFFFFFF) != was:
+            what = "its output" if i == n else f"input {i}"
+            raise RuntimeError(
+                f"a tensor that {node.name()} needs for its gradient was modified by an in-place operation: "
+                f"{what}, of shape {tuple(t._shape)} and dtype {t._dtype}, is at version {cur} but was at "
+                f"version {was} when it was saved; use an out-of-place op instead of the in-place one, or "
+                "change a clone() of the tensor in place"
+            )
+    raise RuntimeError(  # a version past 2**32 wrapped its field: still a change, without the details
+        f"a tensor that {node.name()} needs for its gradient was modified by an in-place operation; use an "
+        "out-of-place op instead of the in-place one, or change a clone() of the tensor in place"
+    )
 
 
 _NEEDS1 = (True,)
@@ -389,7 +469,9 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
             ):
                 out = T._wrap(op.kernel(a._data, b._data), a._dev)
                 if (a._rg or b._rg) and op.rule is not None and _grad_mode._grad_enabled.get():
-                    out._grad_fn = OpNode(op, (a, b), EMPTY, None)
+                    node = OpNode.__new__(OpNode)
+                    node._fast2t(op, a, b)
+                    out._grad_fn = node
                     out._rg = True
                 return out
         elif type(b) in _SCALARS:

@@ -20,6 +20,8 @@ class FunctionCtx:
 
     def __init__(self) -> None:
         self._saved: tuple[Tensor | None, ...] = ()
+        self._saved_versions: tuple[int, ...] = ()  # the saved tensors' versions when saved
+        self._node_name = "Function"  # the node's name, for errors (set when the node is recorded)
         self._freed = False
         self.needs_input_grad: tuple[bool, ...] = ()
         self.materialize_grads = True
@@ -34,6 +36,7 @@ class FunctionCtx:
                     "store other values as attributes of ctx"
                 )
         self._saved = tensors
+        self._saved_versions = tuple(0 if t is None else t._version for t in tensors)
 
     @property
     def saved_tensors(self) -> tuple[Tensor | None, ...]:
@@ -43,6 +46,14 @@ class FunctionCtx:
                 "have been freed). Saved values are freed when you call backward() or grad(); pass "
                 "retain_graph=True if you need to backward through the graph a second time."
             )
+        for i, (t, was) in enumerate(zip(self._saved, self._saved_versions)):
+            if t is not None and t._version != was:
+                raise RuntimeError(
+                    f"a tensor that {self._node_name} needs for its gradient was modified by an in-place "
+                    f"operation: saved tensor {i}, of shape {tuple(t._shape)} and dtype {t._dtype}, is at "
+                    f"version {t._version} but was at version {was} when it was saved; use an out-of-place op "
+                    "instead of the in-place one, or change a clone() of the tensor in place"
+                )
         return self._saved
 
     def set_materialize_grads(self, value: bool) -> None:
@@ -64,6 +75,7 @@ class FunctionNode(Node):
         self._init_node(stream)
         self.fn_cls = fn_cls
         self.ctx = ctx
+        ctx._node_name = self.name()
         self.next, ctx.needs_input_grad = edges_of(args)
         self.n_args = len(args)
         self.in_shapes = tuple(a._shape if isinstance(a, Tensor) else None for a in args)

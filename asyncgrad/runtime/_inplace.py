@@ -15,13 +15,19 @@ from ._runtime import current_stream
 from ._tensor import Tensor
 
 
-def inplace(t: Tensor, fn: Callable[..., Any], *others: Any) -> Tensor:
-    """Apply ``fn(t_array, *other_arrays)`` to ``t``'s array in place, in stream order; returns ``t``."""
+def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True) -> Tensor:
+    """Apply ``fn(t_array, *other_arrays)`` to ``t``'s array in place, in stream order; returns ``t``.
+
+    Every write bumps ``t._version`` (PyTorch's version counter; the one place that does), so a backward
+    node that saved ``t`` sees the change; ``write=False`` for a kernel that only reads ``t``.
+    """
     for o in others:
         if isinstance(o, Tensor) and o._dev is not t._dev:
             raise RuntimeError(
                 f"in-place update of a tensor on {t._dev} with a tensor on {o._dev}; move it with .to() first"
             )
+    if write:
+        t._version += 1
     stream = current_stream(t._dev)
     ready = t._data is not None and (t._stream is None or t._stream._completed >= t._seq)
     for o in others:

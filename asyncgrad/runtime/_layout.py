@@ -108,7 +108,7 @@ def undo_record(leaf: Any, g: Any, create_graph: bool) -> tuple[Any, Tensor | No
     if old is None or create_graph or (_grad_mode.is_grad_enabled() and g._rg):
         return (leaf, old, None)  # no .grad yet, or out-of-place accumulation: the old object is untouched
     box: list[Any] = []
-    inplace(old, lambda a: box.append(a.copy(order="K")))
+    inplace(old, lambda a: box.append(a.copy(order="K")), write=False)  # a read: no version bump
     return (leaf, old, box)
 
 

@@ -156,8 +156,12 @@ def _true_divide(a: Any, b: Any) -> Any:
     return np.true_divide(a, b)
 
 
-OP_ADD = defop("add", np.add, _binary_meta("add"), _add_rule, cast_in=True, fast_kinds=_ALL_KINDS)
-OP_SUB = defop("sub", np.subtract, _binary_meta("sub"), _sub_rule, cast_in=True, fast_kinds=_ALL_KINDS)
+OP_ADD = defop(
+    "add", np.add, _binary_meta("add"), _add_rule, cast_in=True, fast_kinds=_ALL_KINDS, saves=()
+)
+OP_SUB = defop(
+    "sub", np.subtract, _binary_meta("sub"), _sub_rule, cast_in=True, fast_kinds=_ALL_KINDS, saves=()
+)
 OP_MUL = defop("mul", np.multiply, _binary_meta("mul"), _mul_rule, cast_in=True, fast_kinds=_ALL_KINDS)
 OP_DIV = defop(
     "div", np.true_divide, _binary_meta("div", "float"), _div_rule, cast_in=True, fast_kinds=_FLOAT_KINDS
@@ -320,7 +324,7 @@ def _relu_meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
 # exp, log, tanh, sigmoid, sqrt compute bool and integer inputs in the default float dtype (cast first);
 # neg, abs, sign, relu keep their input's dtype (numpy agrees for every dtype kind)
 _F = _FLOAT_KINDS
-OP_NEG = defop("neg", np.negative, _unary_meta(np.negative), _neg_rule, fast_kinds=_ALL_KINDS)
+OP_NEG = defop("neg", np.negative, _unary_meta(np.negative), _neg_rule, fast_kinds=_ALL_KINDS, saves=())
 OP_EXP = defop("exp", np.exp, _float_unary_meta, _exp_rule, save_out=True, cast_in=True, fast_kinds=_F)
 OP_LOG = defop("log", np.log, _float_unary_meta, _log_rule, cast_in=True, fast_kinds=_F)
 OP_TANH = defop("tanh", np.tanh, _float_unary_meta, _tanh_rule, save_out=True, cast_in=True, fast_kinds=_F)
@@ -420,8 +424,8 @@ def _identity_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) ->
     return (g,)
 
 
-OP_CLONE = defop("clone", lambda a: np.copy(a, order="K"), _same_meta, _identity_rule)
-OP_CONTIGUOUS = defop("contiguous", np.ascontiguousarray, _same_meta, _identity_rule)
+OP_CLONE = defop("clone", lambda a: np.copy(a, order="K"), _same_meta, _identity_rule, saves=())
+OP_CONTIGUOUS = defop("contiguous", np.ascontiguousarray, _same_meta, _identity_rule, saves=())
 
 
 def clone(x: Tensor) -> Tensor:
@@ -442,7 +446,7 @@ def _copy_layout_kernel(a: np.ndarray, like: np.ndarray) -> np.ndarray:
     return out
 
 
-OP_COPY_LAYOUT = defop("copy_to_layout", _copy_layout_kernel, _same_meta, _identity_rule)
+OP_COPY_LAYOUT = defop("copy_to_layout", _copy_layout_kernel, _same_meta, _identity_rule, saves=())
 
 
 def copy_to_layout(x: Tensor, like: np.ndarray) -> Tensor:
@@ -458,7 +462,7 @@ def _astype_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> t
     return (xp.astype(g, args[0].dtype),)
 
 
-OP_ASTYPE = defop("astype", lambda a, dtype: a.astype(dtype), _astype_meta, _astype_rule)
+OP_ASTYPE = defop("astype", lambda a, dtype: a.astype(dtype), _astype_meta, _astype_rule, saves=())
 
 
 def astype(x: Tensor, dtype: Any) -> Tensor:
@@ -489,7 +493,7 @@ def _to_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
     return (g,)
 
 
-OP_TO: Op = defop("to", lambda a: a, _same_meta, _to_rule)
+OP_TO: Op = defop("to", lambda a: a, _same_meta, _to_rule, saves=())
 
 
 # ---- comparisons (not differentiable) -------------------------------------------------------------

@@ -89,9 +89,9 @@ def _mean_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     return (_expand_back(xp, g, x.shape, kw["axis"], kw["keepdims"]) / n,)
 
 
-OP_SUM = defop("sum", _sum_kernel, _sum_meta, _sum_rule)
+OP_SUM = defop("sum", _sum_kernel, _sum_meta, _sum_rule, saves=())
 OP_MEAN = defop(
-    "mean", lambda a, axis, keepdims: np.mean(a, axis=axis, keepdims=keepdims), _mean_meta, _mean_rule
+    "mean", lambda a, axis, keepdims: np.mean(a, axis=axis, keepdims=keepdims), _mean_meta, _mean_rule, saves=()
 )
 
 

@@ -40,7 +40,7 @@ def _reshape_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> 
     return (xp.reshape(g, args[0].shape),)
 
 
-OP_RESHAPE = defop("reshape", lambda a, shape: np.reshape(a, shape), _reshape_meta, _reshape_rule)
+OP_RESHAPE = defop("reshape", lambda a, shape: np.reshape(a, shape), _reshape_meta, _reshape_rule, saves=())
 
 
 def reshape(x: Tensor, *shape: Any) -> Tensor:
@@ -72,7 +72,7 @@ def _perm_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     return (xp.transpose(g, tuple(np.argsort(kw["axes"]))),)
 
 
-OP_PERMUTE = defop("permute", lambda a, axes: np.transpose(a, axes), _perm_meta, _perm_rule)
+OP_PERMUTE = defop("permute", lambda a, axes: np.transpose(a, axes), _perm_meta, _perm_rule, saves=())
 
 
 def permute(x: Tensor, *dims: Any) -> Tensor:
@@ -113,7 +113,7 @@ def _bto_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
     return (g,)  # the engine sums it back to the input shape
 
 
-OP_BROADCAST_TO = defop("broadcast_to", lambda a, shape: np.broadcast_to(a, shape), _bto_meta, _bto_rule)
+OP_BROADCAST_TO = defop("broadcast_to", lambda a, shape: np.broadcast_to(a, shape), _bto_meta, _bto_rule, saves=())
 
 
 def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
@@ -144,7 +144,7 @@ def _unsq_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     return (xp.reshape(g, args[0].shape),)
 
 
-OP_EXPAND_DIMS = defop("unsqueeze", lambda a, axis: np.expand_dims(a, axis), _unsq_meta, _unsq_rule)
+OP_EXPAND_DIMS = defop("unsqueeze", lambda a, axis: np.expand_dims(a, axis), _unsq_meta, _unsq_rule, saves=())
 
 
 def expand_dims(x: Tensor, axis: Any) -> Tensor:
@@ -201,7 +201,7 @@ def _concat_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> t
     return tuple(grads)
 
 
-OP_CONCAT = defop("concat", lambda *a, axis: np.concatenate(a, axis=axis), _concat_meta, _concat_rule)
+OP_CONCAT = defop("concat", lambda *a, axis: np.concatenate(a, axis=axis), _concat_meta, _concat_rule, saves=())
 
 
 def _seq_check(op: str, tensors: Any) -> list[Tensor]:
@@ -301,7 +301,7 @@ def _getitem_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> 
     return (xp.index_add(args[0].shape, kw["idx"], g),)
 
 
-OP_GETITEM = defop("getitem", lambda a, idx: a[idx], _getitem_meta, _getitem_rule)
+OP_GETITEM = defop("getitem", lambda a, idx: a[idx], _getitem_meta, _getitem_rule, saves=())
 
 
 def _index_add_meta(g: Tensor, shape: tuple[int, ...], idx: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:

@@ -38,6 +38,9 @@ class Tensor:
     _stream: Stream | None  # the stream of the kernel producing the value, while it may be pending
 
     _seq = 0  # sequence number of the kernel producing the value on `_stream` (when pending)
+    # in-place writes so far (PyTorch's version counter): bumped by `_inplace.inplace` only, checked by the
+    # backward of nodes that saved this tensor; lives in __dict__ once bumped, so new tensors cost nothing
+    _version = 0
     _grad: Tensor | None = None
     _out_nr = 0
     _hooks: Any = None
