@@ -466,3 +466,29 @@ async def test_retain_grad_and_non_leaf_grad_as_pytorch(rt: Any) -> None:
     await y.sum().backward()
     with pytest.warns(UserWarning, match="reading .grad of a tensor that is not a leaf"):
         assert y.grad is None
+
+
+async def test_mark_non_differentiable_on_an_input_returned_as_is(rt: Any) -> None:
+    class Pass(ag.Function):
+        @staticmethod
+        def forward(ctx: Any, a: Any) -> Any:
+            ctx.mark_non_differentiable(a)
+            return a
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            return g
+
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = Pass.apply(x)
+    assert not y.requires_grad and y.grad_fn is None and y is not x
+
+
+async def test_retained_grad_is_filled_by_grad_too(rt: Any) -> None:
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    y = x * 2.0
+    y.retain_grad()
+    (gx,) = await ag.grad((y * y).sum(), x)
+    np.testing.assert_array_equal(gx.numpy(), [8.0, 16.0])
+    np.testing.assert_array_equal(y.grad.numpy(), [4.0, 8.0])  # as torch.autograd.grad does
+    assert x.grad is None

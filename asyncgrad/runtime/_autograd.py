@@ -259,7 +259,13 @@ async def _finish_backward(task: GraphTask) -> None:
     staged = list(task.staged.values())
     task.staged.clear()
     await prepare_and_commit(task.rt, task.stream, staged, commit=True, create_graph=create, task_id=next(_task_ids))
+    _set_retained(task)
+
+
+def _set_retained(task: GraphTask) -> None:
+    """Non-leaf tensors that retain their grad get it from any pass, `grad()` too (as in PyTorch)."""
     if task.retained:
+        create = task.create_graph
         for t, g in task.retained:
             g = g if create else g.detach()
             t._grad = g if t._grad is None else t._grad + g
@@ -328,6 +334,7 @@ async def _finish_grad(
                 "set allow_unused=True if this is the desired behavior"
             )
         result.append(g if g is None or create else g.detach())
+    _set_retained(task)
     return tuple(result)
 
 

@@ -194,9 +194,10 @@ class Function(metaclass=_FunctionMeta):
                 wrapped.append(o)
                 meta.append(((), None, None))
                 continue
+            marked = ctx._non_diff is not None and id(o) in ctx._non_diff  # before it may get a new identity
             if any(o is a for a in args) or o._grad_fn is not None:
                 o = o.detach()  # an input returned as-is: give the output its own identity
-            if (ctx._non_diff is None or id(o) not in ctx._non_diff) and o._dtype.kind in "fc":
+            if not marked and o._dtype.kind in "fc":
                 o._grad_fn = node
                 o._out_nr = i
                 o._rg = True
