@@ -492,3 +492,24 @@ async def test_retained_grad_is_filled_by_grad_too(rt: Any) -> None:
     np.testing.assert_array_equal(gx.numpy(), [8.0, 16.0])
     np.testing.assert_array_equal(y.grad.numpy(), [4.0, 8.0])  # as torch.autograd.grad does
     assert x.grad is None
+
+
+async def test_function_apply_takes_keyword_arguments(rt: Any) -> None:
+    class Scale(ag.Function):
+        @staticmethod
+        def forward(ctx: Any, a: Any, k: float = 2.0) -> Any:
+            ctx.k = k
+            return a * k
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            return g * ctx.k, None
+
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    await Scale.apply(x, k=3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [3.0, 3.0])
+    y = Scale.apply(a=x)
+    assert y.requires_grad
+    np.testing.assert_array_equal(y.numpy(), [2.0, 4.0])
+    with pytest.raises(TypeError, match=r"Scale\.apply: the arguments do not fit Scale\.forward"):
+        Scale.apply(x, q=1)

@@ -154,8 +154,14 @@ class Function(metaclass=_FunctionMeta):
         raise NotImplementedError("a Function subclass must define backward(ctx, *grads)")
 
     @classmethod
-    def apply(cls, *args: Any) -> Any:
-        """Run `forward` without recording its inside, and record one node for the whole call."""
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        """Run `forward` without recording its inside, and record one node for the whole call.
+
+        Arguments given by keyword are bound to `forward`'s parameters and count as the positional inputs
+        they name (so `backward` returns a gradient, or None, for each of them), as in PyTorch.
+        """
+        if kwargs:
+            args = _bind_positional(cls, args, kwargs)
         ctx = FunctionCtx()
         needs = []
         dev = None
@@ -231,3 +237,18 @@ def once_differentiable(backward: Any) -> Any:
             return backward(ctx, *grads)
 
     return wrapper
+
+
+def _bind_positional(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    import inspect
+
+    try:
+        bound = inspect.signature(cls.forward).bind(None, *args, **kwargs)  # None: the ctx slot
+    except TypeError as e:
+        raise TypeError(f"{cls.__name__}.apply: the arguments do not fit {cls.__name__}.forward: {e}") from None
+    if bound.kwargs:
+        raise TypeError(
+            f"{cls.__name__}.apply: keyword-only arguments {sorted(bound.kwargs)} of forward are not supported; "
+            "make them positional-or-keyword parameters"
+        )
+    return tuple(bound.args[1:])
