@@ -478,23 +478,21 @@ class Module:
 
     def get_parameter(self, target: str) -> Tensor:
         """The parameter at dotted path ``target`` (e.g. ``"block.fc.weight"``)."""
-        mod_path, _, name = target.rpartition(".")
-        mod = self.get_submodule(mod_path)
-        if not hasattr(mod, name):
-            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
-        if name not in mod._parameters:
-            raise AttributeError(f"`{name}` is not an nn.Parameter")
-        return mod._parameters[name]  # type: ignore[no-any-return]
+        return self._get_member(target, "_parameters", "an nn.Parameter")
 
     def get_buffer(self, target: str) -> Tensor:
         """The buffer at dotted path ``target`` (e.g. ``"bn.running_mean"``)."""
+        return self._get_member(target, "_buffers", "a buffer")
+
+    def _get_member(self, target: str, table: str, what: str) -> Tensor:
         mod_path, _, name = target.rpartition(".")
         mod = self.get_submodule(mod_path)
         if not hasattr(mod, name):
             raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
-        if name not in mod._buffers:
-            raise AttributeError(f"`{name}` is not a buffer")
-        return mod._buffers[name]  # type: ignore[no-any-return]
+        members = getattr(mod, table)
+        if name not in members:
+            raise AttributeError(f"`{name}` is not {what}")
+        return members[name]  # type: ignore[no-any-return]
 
     # ---- state dicts ----------------------------------------------------------------------------
 

@@ -572,6 +572,19 @@ def _device_mismatch(op: Op, args: tuple[Any, ...]) -> None:
 
 # ---- meta helpers shared by the op families ----------------------------------------------------------
 
+
+def norm_dim(op: str, x: Any, dim: Any) -> int:
+    """``dim`` as a non-negative index of one of ``x``'s dims (a 0-dim tensor has dim 0 and -1)."""
+    n = max(len(x.shape), 1)
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
+    if not -n <= dim < n:
+        raise OpError(
+            f"{op}: dim {dim} is out of range for a tensor of shape {tuple(x.shape)} "
+            f"(expected a dim in [{-n}, {n - 1}])"
+        )
+    return int(dim) % n
+
 _bcast_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...] | None] = {}
 
 

@@ -16,25 +16,13 @@ from typing import Any
 import numpy as np
 
 from . import _ops_shape as S
-from ._dispatch import OpError, apply, defop
+from ._dispatch import OpError, apply, defop, norm_dim
 from ._tensor import Tensor
-
-
-def _dim(op: str, x: Tensor, dim: Any) -> int:
-    n = builtins.max(x.ndim, 1)
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
-        raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
-    if not -n <= dim < n:
-        raise OpError(
-            f"{op}: dim {dim} is out of range for a tensor of shape {tuple(x.shape)} "
-            f"(expected a dim in [{-n}, {n - 1}])"
-        )
-    return int(dim) % n
 
 
 def _dims(op: str, x: Tensor, dims: Any) -> tuple[int, ...]:
     ds = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
-    out = tuple(_dim(op, x, d) for d in ds)
+    out = tuple(norm_dim(op, x, d) for d in ds)
     if len(set(out)) != len(out):
         raise OpError(f"{op}: dims {tuple(ds)} repeat a dimension of shape {tuple(x.shape)}")
     return out
@@ -56,7 +44,7 @@ def split(tensor: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Te
     """Split into pieces of ``split_size_or_sections`` along ``dim`` (the last may be smaller), or into
     pieces of the given sizes when it is a list; like ``torch.split`` (pieces are views)."""
     _need_dims("split", tensor)
-    d = _dim("split", tensor, dim)
+    d = norm_dim("split", tensor, dim)
     n = tensor.shape[d]
     s = split_size_or_sections
     if isinstance(s, (int, np.integer)) and not isinstance(s, bool):
@@ -86,7 +74,7 @@ def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     if not isinstance(chunks, (int, np.integer)) or chunks <= 0:
         raise OpError(f"chunk: chunks must be a positive int, got {chunks!r}")
     _need_dims("chunk", input)
-    d = _dim("chunk", input, dim)
+    d = norm_dim("chunk", input, dim)
     n = input.shape[d]
     if n == 0:
         return tuple(_slice(input, d, 0, 0) for _ in range(int(chunks)))
@@ -96,14 +84,14 @@ def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
 def unbind(input: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     """The slices along ``dim``, with that dim removed, like ``torch.unbind``."""
     _need_dims("unbind", input)
-    d = _dim("unbind", input, dim)
+    d = norm_dim("unbind", input, dim)
     return tuple(input[(slice(None),) * d + (i,)] for i in range(input.shape[d]))
 
 
 def narrow(input: Tensor, dim: int, start: int, length: int) -> Tensor:
     """``length`` entries of ``dim`` from ``start`` (negative counts from the end): a view."""
     _need_dims("narrow", input)
-    d = _dim("narrow", input, dim)
+    d = norm_dim("narrow", input, dim)
     n = input.shape[d]
     start, length = int(start), int(length)
     if not -n <= start <= n:
@@ -160,7 +148,7 @@ def roll(input: Tensor, shifts: Any, dims: Any = None) -> Tensor:
         raise OpError(f"roll: shifts {shifts!r} and dims {dims!r} must have the same length")
     out = input
     for s, d in zip(shs, ds):
-        d = _dim("roll", input, d)
+        d = norm_dim("roll", input, d)
         n = input.shape[d] if input.ndim else 1
         if n == 0 or input.ndim == 0:
             continue
@@ -199,7 +187,7 @@ swapdims = swapaxes
 def unflatten(input: Tensor, dim: int, sizes: Any) -> Tensor:
     """Expand dim ``dim`` into ``sizes`` (one may be -1), like ``torch.unflatten``."""
     _need_dims("unflatten", input)
-    d = _dim("unflatten", input, dim)
+    d = norm_dim("unflatten", input, dim)
     sz = tuple(int(s) for s in sizes)
     if not sz:
         raise OpError("unflatten: sizes must be non-empty")
@@ -238,7 +226,7 @@ def repeat_interleave(input: Tensor, repeats: Any, dim: Any = None, *, output_si
     x = S.reshape(input, (-1,)) if dim is None else input
     if x.ndim == 0:
         x = S.reshape(x, (1,))
-    d = _dim("repeat_interleave", x, 0 if dim is None else dim)
+    d = norm_dim("repeat_interleave", x, 0 if dim is None else dim)
     n = x.shape[d]
     if isinstance(repeats, Tensor):
         repeats = repeats._value()

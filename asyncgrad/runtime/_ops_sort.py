@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._dispatch import OpError, apply, defop
+from ._dispatch import OpError, apply, defop, norm_dim
 from ._ops_nn2 import _gather_index
 from ._tensor import Tensor
 
@@ -34,16 +34,6 @@ class TopkResult(NamedTuple):
     indices: Tensor
 
 
-def _dim(op: str, x: Tensor, dim: Any) -> int:
-    n = max(x.ndim, 1)
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
-        raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
-    if not -n <= dim < n:
-        raise OpError(
-            f"{op}: dim {dim} is out of range for a tensor of shape {tuple(x.shape)} "
-            f"(expected a dim in [{-n}, {n - 1}])"
-        )
-    return int(dim) % n
 
 
 def _np_argsort(a: np.ndarray, axis: int, descending: bool) -> np.ndarray:
@@ -107,10 +97,10 @@ def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = 
     """``(values, indices)`` of ``input`` sorted along ``dim`` (stable; NaN largest), like ``torch.sort``."""
     _check_sortable("sort", input)
     if input.ndim == 0:
-        _dim("sort", input, dim)
+        norm_dim("sort", input, dim)
         v, i = sort(input.reshape(1), 0, descending)
         return SortResult(v.reshape(()), i.reshape(()))
-    d = _dim("sort", input, dim)
+    d = norm_dim("sort", input, dim)
     idx = apply(OP_ARGSORT, (input,), {"axis": d, "descending": bool(descending)})
     return SortResult(apply(OP_SORT, (input, idx), {"axis": d}), idx)
 
@@ -119,9 +109,9 @@ def argsort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool
     """The indices that sort ``input`` along ``dim`` (stable), like ``torch.argsort``."""
     _check_sortable("argsort", input)
     if input.ndim == 0:
-        _dim("argsort", input, dim)
+        norm_dim("argsort", input, dim)
         return argsort(input.reshape(1), 0, descending).reshape(())
-    d = _dim("argsort", input, dim)
+    d = norm_dim("argsort", input, dim)
     return apply(OP_ARGSORT, (input,), {"axis": d, "descending": bool(descending)})
 
 
@@ -133,10 +123,10 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
     """
     _check_sortable("topk", input)
     if input.ndim == 0:
-        _dim("topk", input, dim)
+        norm_dim("topk", input, dim)
         v, i = topk(input.reshape(1), k, 0, largest, sorted)
         return TopkResult(v.reshape(()), i.reshape(()))
-    d = _dim("topk", input, dim)
+    d = norm_dim("topk", input, dim)
     n = input.shape[d]
     if not isinstance(k, (int, np.integer)) or not 0 <= k <= n:
         raise OpError(f"topk: k ({k!r}) must be an int in [0, {n}], the size of dim {d} of shape {tuple(input.shape)}")
