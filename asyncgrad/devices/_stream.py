@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._device import Device
 
 _stream_ids = itertools.count()
+PASS_MARKS = 4  # how many pass starts a stream remembers for the engine's backpressure
 _tls = _hostmem._tls  # per lane thread: the lane itself and its device's host cache
 
 
@@ -239,7 +240,7 @@ class Stream:
         "_waiters",
         "device",
         "name",
-        "pass_mark",
+        "pass_marks",
     )
 
     def __init__(self, device: Device, lane: Lane) -> None:
@@ -251,8 +252,8 @@ class Stream:
         # (seq, wake) pairs of tasks awaiting `synchronize(seq)`; the lane calls `wake` once seq completed
         self._waiters: list[tuple[int, Callable[[], None]]] = []
         self.name = f"{device}/s{next(_stream_ids)}"
-        # for the layer above: the engine keeps here where the latest backward pass on this stream began
-        self.pass_mark = 0
+        # for the layer above: the engine keeps here where the latest backward passes on this stream began
+        self.pass_marks = [0] * PASS_MARKS
 
     def __repr__(self) -> str:
         return f"<Stream {self.name} lane={self._lane.index} pending={self._submitted - self._completed}>"

@@ -38,6 +38,10 @@ from ._tensor import Tensor
 # while a pass runs nodes back to back, the loop gets control back at least this often
 TIME_BUDGET_S = 0.002
 
+# alone on its lane, a caller may record up to this many passes (training steps) per wake-up of the loop
+# (at most the pass marks a stream keeps, `devices._stream.PASS_MARKS`)
+RUN_AHEAD = 2
+
 RETAIN_MSG = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they "
     "have already been freed). Saved intermediate values of the graph are freed when you call "
@@ -56,8 +60,9 @@ class GraphTask:
     coroutine).
     """
 
-    __slots__ = ("busy_event", "capture", "coro", "create_graph", "finish", "finish_args", "held", "lock",
-                 "parent", "retain_graph", "retained", "rt", "slept", "staged", "start_seq", "stream", "targets")
+    __slots__ = ("ahead_seq", "busy_event", "capture", "coro", "create_graph", "finish", "finish_args", "held",
+                 "lock", "parent", "retain_graph", "retained", "rt", "slept", "staged", "start_seq", "stream",
+                 "targets")
 
     def __init__(
         self,
@@ -84,7 +89,7 @@ class GraphTask:
         self.retained: list[tuple[Tensor, Tensor]] | None = None  # made on first use (retain_grad)
         # the awaiting task's stream and its device's apply lock are looked up when the pass starts
         self.stream: Stream = None  # type: ignore[assignment]
-        self.start_seq = 0
+        self.start_seq = self.ahead_seq = 0
         self.slept = False  # the pass waited for its stream (so it has been a schedule point)
         self.lock: Any = None  # the device's apply lock; `held`: this pass holds it now
         self.held = False
@@ -178,11 +183,16 @@ class GraphTask:
                 # a nested pass in its own task is a checkpoint on entry, as any trio call
                 await trio.lowlevel.checkpoint()
         self.stream = task_stream = current_stream(rt.cpu)  # nodes that ran inline queue their backward here
-        # backpressure (see the end of the pass): a stream alone on its lane lets its caller run one more
-        # pass ahead; on a shared lane the loop has the other streams' work to record meanwhile, and a
-        # deeper queue only adds to the contention for the GIL (W3)
-        mark, task_stream.pass_mark = task_stream.pass_mark, task_stream._submitted
-        self.start_seq = mark if task_stream.lane_to_itself() else task_stream.pass_mark
+        # backpressure (see the end of the pass): alone on its lane, a stream lets its caller record up to
+        # RUN_AHEAD passes per wake-up of the loop; on a shared lane the loop has the other streams' work to
+        # record meanwhile, and a deeper queue only adds to the contention for the GIL (W3)
+        marks = task_stream.pass_marks
+        if task_stream.lane_to_itself():
+            self.start_seq, self.ahead_seq = marks[-1], marks[-RUN_AHEAD]
+        else:
+            self.start_seq = self.ahead_seq = task_stream._submitted
+        marks.append(task_stream._submitted)
+        del marks[0]
         lock = self.lock = task_stream.device.apply_lock
         current_graph_task.set(self)
         rt.graph_tasks_started += 1
@@ -324,11 +334,12 @@ class GraphTask:
             # stolen by its leaf (the owner checks that it is the only holder)
             del deps, runs, buffers, heap
             node = gouts = gins = g = buf = e = tgt = old = nxt = None
-            # let the caller run ahead of its stream: wait for the work queued before this pass (or, alone
-            # on a lane, before the previous pass), never for the pass's own kernels. Alone, the caller's
-            # next recording (an optimizer step) then overlaps with this step's forward instead of waking
-            # up in the middle of the backward's kernels and competing with them for the GIL (W1)
-            if task_stream._completed < self.start_seq:
+            # let the caller run ahead of its stream, never waiting for the pass's own kernels. Shared, wait
+            # for the work queued before this pass. Alone on a lane, wait only once the lane is behind the
+            # start of the pass RUN_AHEAD back, and then until it reaches the previous pass's start: the
+            # caller then records RUN_AHEAD steps per wake-up, and each wake-up (the loop's trio round
+            # trip, the lane stalled on the GIL meanwhile) is paid once per RUN_AHEAD steps (W1)
+            if task_stream._completed < self.ahead_seq:
                 await task_stream.synchronize(self.start_seq)
                 self.slept = True
             else:
