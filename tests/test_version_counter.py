@@ -177,3 +177,80 @@ async def test_function_unmodified_saved_tensors_pass(rt: Any) -> None:
     y = _Scale.apply(x, w).sum()
     await y.backward()
     np.testing.assert_array_equal(x.grad.numpy(), [4.0, 5.0])
+
+
+# ---- views share their base's version counter (PyTorch) --------------------------------------------------
+
+
+async def test_write_through_a_view_of_a_saved_tensor_raises(rt: Any, mode: str) -> None:
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    w = ag.tensor([[3.0, 4.0]], dtype="float64")
+    y = (x * w[0]).sum()  # saves the view w[0]
+    with ag.no_grad():
+        w[0].mul_(2)  # another view of the same memory
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        await y.backward()
+    assert x.grad is None
+
+
+@pytest.mark.parametrize("make_view", ["reshape", "transpose", "slice", "unsqueeze", "expand", "detach", "split"])
+async def test_write_to_the_base_of_a_saved_view_raises(rt: Any, mode: str, make_view: str) -> None:
+    x = ag.tensor([[1.0, 2.0]], dtype="float64", requires_grad=True)
+    w = ag.tensor([[3.0, 4.0]], dtype="float64")
+    v = {
+        "reshape": lambda: w.reshape(1, 2),
+        "transpose": lambda: w.t().t(),
+        "slice": lambda: w[:, :],
+        "unsqueeze": lambda: w.unsqueeze(0)[0],
+        "expand": lambda: w.expand(1, 2),
+        "detach": lambda: w.detach(),
+        "split": lambda: ag.cat(w.split(1, 1), 1),  # the pieces are views; cat copies them
+    }[make_view]()
+    y = (x * v).sum()
+    w.mul_(2)
+    if make_view == "split":  # mul saved the concatenated copy: nothing it reads changed
+        await y.backward()
+        np.testing.assert_array_equal(x.grad.numpy(), [[3.0, 4.0]])
+        return
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        await y.backward()
+    assert x.grad is None
+
+
+async def test_write_through_detach_of_a_saved_tensor_raises(rt: Any, mode: str) -> None:
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    y = (x * x).sum()
+    x.detach().mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        await y.backward()
+
+
+async def test_data_has_a_version_counter_of_its_own(rt: Any, mode: str) -> None:
+    # PyTorch's documented difference between .data and .detach(): writes through .data are not tracked
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    y = (x * x).sum()
+    x.data.mul_(2)
+    await y.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0, 8.0])  # 2x of the new values, as PyTorch gives
+    assert x._version == 0
+
+
+async def test_copies_do_not_share_the_counter(rt: Any, mode: str) -> None:
+    x = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    w = ag.tensor([3.0, 4.0], dtype="float64")
+    y = (x * w).sum()
+    w[ag.tensor([0, 1])].mul_(2)  # advanced indexing copies: w is untouched
+    (w + 0).mul_(2)
+    w.clone().mul_(2)
+    await y.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [3.0, 4.0])
+    assert w._version == 0
+
+
+async def test_an_int_index_is_a_view(rt: Any, mode: str) -> None:
+    w = ag.tensor([[3.0, 4.0]], dtype="float64")
+    e = w[0, 1]
+    assert e.shape == ()
+    e.add_(1)
+    np.testing.assert_array_equal(w.numpy(), [[3.0, 5.0]])
+    assert w._version == e._version == 1

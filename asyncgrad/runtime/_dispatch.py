@@ -34,7 +34,7 @@ class Op:
 
     __slots__ = (
         "any_kind", "cast_in", "fast_dtypes", "fast_kinds", "fills_out", "kernel", "meta", "name", "rule",
-        "save_out", "saves", "saves0", "saves_none",
+        "save_out", "saves", "saves0", "saves_none", "view",
     )
 
     def __init__(
@@ -47,8 +47,11 @@ class Op:
         cast_in: bool = False,
         fast_kinds: str = "",
         saves: tuple[int, ...] | None = None,
+        view: bool = False,
     ) -> None:
         self.name = name
+        # the kernel returns a view of arg 0 (reshape, permute, ...): the output shares its version counter
+        self.view = view
         self.kernel = kernel
         self.meta = meta
         self.rule = rule
@@ -89,11 +92,12 @@ def defop(
     cast_in: bool = False,
     fast_kinds: str = "",
     saves: tuple[int, ...] | None = None,
+    view: bool = False,
 ) -> Op:
     """Register an op in the table (one entry per name; rules live next to their forwards)."""
     if name in OPS:
         raise ValueError(f"op {name!r} is already registered")
-    op = OPS[name] = Op(name, kernel, meta, rule, save_out, cast_in, fast_kinds, saves)
+    op = OPS[name] = Op(name, kernel, meta, rule, save_out, cast_in, fast_kinds, saves, view)
     return op
 
 
@@ -381,6 +385,8 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
     else:
         stream = current_stream(dev)
         out = _enqueue(op, kernel, args, kw, shape, dtype, dev, stream, T)
+    if op.view:
+        share_version(args[0], out)
     if rg and op.rule is not None and _grad_mode._grad_enabled.get():
         node = OpNode(op, args, kw, stream)
         if op.save_out:
@@ -388,6 +394,15 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
         out._grad_fn = node
         out._rg = True
     return out
+
+
+def share_version(base: Any, view: Any) -> None:
+    """``view`` shares ``base``'s memory: give it ``base``'s version counter (PyTorch's views), so an in-place
+    write through either one is seen by a backward that saved the other."""
+    vc = base._vc
+    if vc is None:
+        vc = base._vc = [0]
+    view._vc = vc
 
 
 _SCALARS = (int, float, bool)

@@ -18,7 +18,7 @@ from ._tensor import Tensor
 def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True) -> Tensor:
     """Apply ``fn(t_array, *other_arrays)`` to ``t``'s array in place, in stream order; returns ``t``.
 
-    Every write bumps ``t._version`` (PyTorch's version counter; the one place that does), so a backward
+    Every write bumps ``t``'s version counter (PyTorch's; the one place that does, shared with t's views), so a backward
     node that saved ``t`` sees the change; ``write=False`` for a kernel that only reads ``t``.
     """
     for o in others:
@@ -27,7 +27,11 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
                 f"in-place update of a tensor on {t._dev} with a tensor on {o._dev}; move it with .to() first"
             )
     if write:
-        t._version += 1
+        vc = t._vc
+        if vc is None:
+            t._vc = [1]
+        else:
+            vc[0] += 1  # the cell is shared with t's views and base
     stream = current_stream(t._dev)
     ready = t._data is not None and (t._stream is None or t._stream._completed >= t._seq)
     for o in others:

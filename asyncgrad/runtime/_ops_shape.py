@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._dispatch import OpError, apply, defop
+from ._dispatch import OpError, apply, defop, share_version
 from ._promote import result_type
 from ._tensor import Tensor
 from ._xp import _index_add
@@ -40,7 +40,7 @@ def _reshape_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> 
     return (xp.reshape(g, args[0].shape),)
 
 
-OP_RESHAPE = defop("reshape", lambda a, shape: np.reshape(a, shape), _reshape_meta, _reshape_rule, saves=())
+OP_RESHAPE = defop("reshape", lambda a, shape: np.reshape(a, shape), _reshape_meta, _reshape_rule, saves=(), view=True)
 
 
 def reshape(x: Tensor, *shape: Any) -> Tensor:
@@ -72,7 +72,7 @@ def _perm_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     return (xp.transpose(g, tuple(np.argsort(kw["axes"]))),)
 
 
-OP_PERMUTE = defop("permute", lambda a, axes: np.transpose(a, axes), _perm_meta, _perm_rule, saves=())
+OP_PERMUTE = defop("permute", lambda a, axes: np.transpose(a, axes), _perm_meta, _perm_rule, saves=(), view=True)
 
 
 def permute(x: Tensor, *dims: Any) -> Tensor:
@@ -113,7 +113,9 @@ def _bto_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
     return (g,)  # the engine sums it back to the input shape
 
 
-OP_BROADCAST_TO = defop("broadcast_to", lambda a, shape: np.broadcast_to(a, shape), _bto_meta, _bto_rule, saves=())
+OP_BROADCAST_TO = defop(
+    "broadcast_to", lambda a, shape: np.broadcast_to(a, shape), _bto_meta, _bto_rule, saves=(), view=True
+)
 
 
 def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
@@ -144,7 +146,9 @@ def _unsq_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     return (xp.reshape(g, args[0].shape),)
 
 
-OP_EXPAND_DIMS = defop("unsqueeze", lambda a, axis: np.expand_dims(a, axis), _unsq_meta, _unsq_rule, saves=())
+OP_EXPAND_DIMS = defop(
+    "unsqueeze", lambda a, axis: np.expand_dims(a, axis), _unsq_meta, _unsq_rule, saves=(), view=True
+)
 
 
 def expand_dims(x: Tensor, axis: Any) -> Tensor:
@@ -301,7 +305,14 @@ def _getitem_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> 
     return (xp.index_add(args[0].shape, kw["idx"], g),)
 
 
-OP_GETITEM = defop("getitem", lambda a, idx: a[idx], _getitem_meta, _getitem_rule, saves=())
+def _getitem_kernel(a: np.ndarray, idx: tuple[Any, ...]) -> np.ndarray:
+    r = a[idx]
+    if type(r) is not np.ndarray:  # every dim indexed by an int: numpy gives a scalar, PyTorch a 0-d view
+        r = a[(*idx, Ellipsis)]
+    return r  # type: ignore[no-any-return]
+
+
+OP_GETITEM = defop("getitem", _getitem_kernel, _getitem_meta, _getitem_rule, saves=())
 
 
 def _index_add_meta(g: Tensor, shape: tuple[int, ...], idx: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
@@ -328,7 +339,10 @@ def getitem(x: Tensor, idx: Any) -> Tensor:
     parts = _split_ints(items)
     if parts is not None:
         return apply(OP_GETITEM, (apply(OP_GETITEM, (x,), {"idx": parts[0]}),), {"idx": parts[1]})
-    return apply(OP_GETITEM, (x,), {"idx": items})
+    out = apply(OP_GETITEM, (x,), {"idx": items})
+    if not any(isinstance(i, np.ndarray) for i in items):  # basic indexing: a view, as in PyTorch
+        share_version(x, out)
+    return out
 
 
 def setitem_parts(idx: Any) -> tuple[list[Tensor], Any]:
@@ -358,12 +372,16 @@ def setitem_parts(idx: Any) -> tuple[list[Tensor], Any]:
 OP_ALIAS = defop("alias", lambda a: a, lambda a: (a._shape, a._dtype))
 
 
-def alias(x: Tensor) -> Tensor:
-    """A new graph-free tensor object sharing ``x``'s value (used by detach of a pending tensor)."""
+def alias(x: Tensor, share: bool = True) -> Tensor:
+    """A new graph-free tensor object sharing ``x``'s value (used by detach of a pending tensor), and with
+    ``share`` its version counter."""
     from ._grad_mode import no_grad
 
     with no_grad():
-        return apply(OP_ALIAS, (x,))
+        out = apply(OP_ALIAS, (x,))
+    if share:
+        share_version(x, out)
+    return out
 
 
 def _install() -> None:

@@ -12,6 +12,7 @@ import trio
 
 from ..devices import Device, Stream
 from . import _dispatch, _grad_mode, _promote
+from ._dispatch import share_version
 from ._runtime import _task_streams, current_runtime
 
 _INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
@@ -38,9 +39,11 @@ class Tensor:
     _stream: Stream | None  # the stream of the kernel producing the value, while it may be pending
 
     _seq = 0  # sequence number of the kernel producing the value on `_stream` (when pending)
-    # in-place writes so far (PyTorch's version counter): bumped by `_inplace.inplace` only, checked by the
-    # backward of nodes that saved this tensor; lives in __dict__ once bumped, so new tensors cost nothing
-    _version = 0
+    # PyTorch's version counter: a one-int cell, bumped by `_inplace.inplace` only and checked by the
+    # backward of nodes that saved this tensor. Views share their base's cell (`_dispatch.share_version`),
+    # so a write through any of them is seen. Made on first write or view (in __dict__), so new tensors cost
+    # nothing; `_version` reads it
+    _vc: list[int] | None = None
     _grad: Tensor | None = None
     _out_nr = 0
     _hooks: Any = None
@@ -103,6 +106,12 @@ class Tensor:
         def __getattr__(self, name: str) -> Any: ...  # other installed methods: sum, reshape, ...
 
     # ---- attributes ------------------------------------------------------------------------------
+
+    @property
+    def _version(self) -> int:
+        """In-place writes so far to this tensor's memory, through it or any view sharing it."""
+        vc = self._vc
+        return 0 if vc is None else vc[0]
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -333,12 +342,18 @@ class Tensor:
     # ---- graph-free copies -----------------------------------------------------------------------
 
     def detach(self) -> Tensor:
-        """A tensor sharing this one's value, outside the graph."""
+        """A tensor sharing this one's value (and version counter), outside the graph."""
+        return self._detached(True)
+
+    def _detached(self, share: builtins.bool) -> Tensor:
         if self._stream is None or self._stream._completed >= self._seq:
-            return Tensor._wrap(self._value(), self._dev)
+            t = Tensor._wrap(self._value(), self._dev)
+            if share:
+                share_version(self, t)
+            return t
         from ._ops_shape import alias
 
-        return alias(self)
+        return alias(self, share)
 
     def detach_(self) -> Tensor:
         self._grad_fn = None
@@ -448,8 +463,9 @@ class Tensor:
 
     @property
     def data(self) -> Tensor:
-        """A tensor sharing this one's value, outside the graph (as ``detach()``)."""
-        return self.detach()
+        """A tensor sharing this one's value outside the graph, as ``detach()`` but with a version counter
+        of its own (PyTorch's ``.data``: in-place writes through it are not seen by autograd)."""
+        return self._detached(False)
 
     @data.setter
     def data(self, value: Tensor) -> None:
