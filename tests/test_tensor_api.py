@@ -513,3 +513,62 @@ async def test_function_apply_takes_keyword_arguments(rt: Any) -> None:
     np.testing.assert_array_equal(y.numpy(), [2.0, 4.0])
     with pytest.raises(TypeError, match=r"Scale\.apply: the arguments do not fit Scale\.forward"):
         Scale.apply(x, q=1)
+
+
+class _IncInPlace(ag.Function):
+    """Adds 1 to its input in place and returns it (PyTorch's mark_dirty example)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        x.add_(1)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        return g * 3
+
+
+@pytest.mark.parametrize("inline", [True, False])
+async def test_mark_dirty_rebases_the_input_onto_the_function(rt: Any, inline: bool, monkeypatch: Any) -> None:
+    if not inline:
+        set_inline_limit(monkeypatch, -1)
+    a = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    x = a * 2
+    y = _IncInPlace.apply(x)
+    assert y is x and y.grad_fn.name() == "_IncInPlaceBackward" and y.requires_grad
+    np.testing.assert_array_equal(y.numpy(), [3.0, 5.0])
+    await (y * y).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [36.0, 60.0])  # 2y * 3 * 2, as PyTorch gives
+
+
+async def test_mark_dirty_misuse_raises(rt: Any) -> None:
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        _IncInPlace.apply(ag.tensor([1.0], requires_grad=True))
+
+    class NotReturned(ag.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            x.add_(1)
+            ctx.mark_dirty(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            return g
+
+    with pytest.raises(RuntimeError, match="not returned as output"):
+        NotReturned.apply(ag.tensor([1.0], requires_grad=True) * 1)
+    b = ag.tensor([1.0, 2.0])
+    assert _IncInPlace.apply(b) is b  # nothing requires grad: no node, the input changed in place
+    np.testing.assert_array_equal(b.numpy(), [2.0, 3.0])
+
+
+async def test_mark_dirty_invalidates_what_an_earlier_node_saved(rt: Any) -> None:
+    a = ag.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    x = a * 2
+    z = (x * x).sum()  # saves x
+    _IncInPlace.apply(x)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        await z.backward()
+    assert a.grad is None

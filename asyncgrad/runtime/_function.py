@@ -26,6 +26,7 @@ class FunctionCtx:
         self.needs_input_grad: tuple[bool, ...] = ()
         self.materialize_grads = True
         self._non_diff: set[int] | None = None  # ids of outputs marked non-differentiable (made on first use)
+        self._dirty: tuple[Tensor, ...] = ()  # inputs forward changed in place (`mark_dirty`)
 
     def save_for_backward(self, *tensors: Tensor | None) -> None:
         """Save tensors (or None) for `backward`; read them back with `saved_tensors`."""
@@ -59,6 +60,14 @@ class FunctionCtx:
     def set_materialize_grads(self, value: bool) -> None:
         """If False, undefined output grads reach `backward` as None instead of zeros."""
         self.materialize_grads = bool(value)
+
+    def mark_dirty(self, *tensors: Tensor) -> None:
+        """Say that ``forward`` changed these inputs in place (and returns them): each returned one then
+        gets this Function's node as its ``grad_fn``, its earlier history feeding the node, as in PyTorch."""
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"mark_dirty takes tensors, got {type(t).__name__}")
+        self._dirty = tensors
 
     def mark_non_differentiable(self, *tensors: Tensor) -> None:
         if self._non_diff is None:
@@ -189,6 +198,9 @@ class Function(metaclass=_FunctionMeta):
             any_rg = any(isinstance(a, Tensor) and a._rg for a in args)
         if not (record and any_rg):
             return result
+        dirty = ctx._dirty
+        if dirty:
+            _check_dirty(cls, dirty, args, outs)
         if dev is None:
             dev = next(o._dev for o in outs if isinstance(o, Tensor))
         node = FunctionNode(cls, ctx, args, current_stream(dev))
@@ -201,7 +213,9 @@ class Function(metaclass=_FunctionMeta):
                 meta.append(((), None, None))
                 continue
             marked = ctx._non_diff is not None and id(o) in ctx._non_diff  # before it may get a new identity
-            if any(o is a for a in args) or o._grad_fn is not None:
+            if any(o is d for d in dirty):
+                pass  # changed in place: the input itself, its history rebased onto this node
+            elif any(o is a for a in args) or o._grad_fn is not None:
                 o = o.detach()  # an input returned as-is: give the output its own identity
             if not marked and o._dtype.kind in "fc":
                 o._grad_fn = node
@@ -212,6 +226,26 @@ class Function(metaclass=_FunctionMeta):
         node.out_meta = tuple(meta)
         node.n_outputs = len(outs)
         return wrapped[0] if single else tuple(wrapped)
+
+
+def _check_dirty(cls: type[Function], dirty: tuple[Tensor, ...], args: tuple[Any, ...], outs: tuple[Any, ...]) -> None:
+    """PyTorch's rules for `mark_dirty`: only inputs, each returned, none a leaf that requires grad."""
+    for t in dirty:
+        if not any(t is a for a in args):
+            raise RuntimeError(
+                f"{cls.__name__}.forward marked a tensor of shape {tuple(t._shape)} dirty that is not one of its "
+                "inputs; mark_dirty is for inputs the forward changed in place"
+            )
+        if not any(t is o for o in outs):
+            raise RuntimeError(
+                f"{cls.__name__}.forward marked an input of shape {tuple(t._shape)} dirty but did not return it; "
+                "some elements marked as dirty during the forward method were not returned as output"
+            )
+        if t._rg and t._grad_fn is None:
+            raise RuntimeError(
+                f"{cls.__name__}: a leaf tensor that requires grad (shape {tuple(t._shape)}) is being used in an "
+                "in-place operation (mark_dirty); change a clone() of it instead"
+            )
 
 
 def once_differentiable(backward: Any) -> Any:
