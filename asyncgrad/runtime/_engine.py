@@ -38,7 +38,7 @@ from ._tensor import Tensor
 # while a pass runs nodes back to back, the loop gets control back at least this often
 TIME_BUDGET_S = 0.002
 
-# alone on its lane, a caller may record up to this many passes (training steps) per wake-up of the loop
+# alone on its device, a caller may record up to this many passes (training steps) per wake-up of the loop
 # (at most the pass marks a stream keeps, `devices._stream.PASS_MARKS`)
 RUN_AHEAD = 2
 
@@ -188,7 +188,10 @@ class GraphTask:
         # record meanwhile, and a deeper queue only adds to the contention for the GIL (W3)
         marks = task_stream.pass_marks
         if task_stream.lane_to_itself():
-            self.start_seq, self.ahead_seq = marks[-1], marks[-RUN_AHEAD]
+            # the deeper run-ahead only for a training alone on its device: beside others, its longer
+            # recording bursts would stall their lanes on the GIL too (measured on W3 at P=2 and 4)
+            ahead = RUN_AHEAD if task_stream.device.pool.in_use <= 1 else 1
+            self.start_seq, self.ahead_seq = marks[-1], marks[-ahead]
         else:
             self.start_seq = self.ahead_seq = task_stream._submitted
         marks.append(task_stream._submitted)
