@@ -539,6 +539,30 @@ async def test_cross_entropy(kw: Any, shape: Any, rng: np.random.Generator) -> N
         )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+async def test_cross_entropy_fast_path_matches_the_general_one(dtype: str, rng: np.random.Generator) -> None:
+    """Plain (N, C) class-index CE keeps the forward's softmax for the backward; class weights of one take
+    the general path: both give the same loss and gradients, also for a second backward of one graph."""
+    from asyncgrad.runtime._ops_nn2 import _ce_softmax
+
+    async with ag.open_runtime():
+        x = rng.standard_normal((64, 10)).astype(dtype)
+        t = ag.tensor(rng.integers(0, 10, 64))
+        res = []
+        for w in (None, ag.ones(10, dtype=dtype)):
+            xt = ag.tensor(x, requires_grad=True)
+            loss = ag.cross_entropy(xt, t, w)
+            assert (_ce_softmax(loss.numpy(), x) is not None) == (w is None)
+            await loss.backward(retain_graph=True)
+            g1 = xt.grad.numpy().copy()
+            await loss.backward()
+            np.testing.assert_allclose(xt.grad.numpy(), 2 * g1, rtol=1e-6)
+            res.append((loss.item(), g1))
+        tol = 1e-6 if dtype == "float32" else 1e-12
+        np.testing.assert_allclose(res[0][0], res[1][0], rtol=tol)
+        np.testing.assert_allclose(res[0][1], res[1][1], rtol=tol, atol=tol)
+
+
 async def test_cross_entropy_probabilities_and_errors(rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     async with ag.open_runtime():

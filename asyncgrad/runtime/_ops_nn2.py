@@ -759,6 +759,10 @@ def _ce_meta(x: Tensor, t: Any, w: Any, ignore_index: int, reduction: str, ls: f
 def _ce_kernel(
     x: np.ndarray, t: np.ndarray, w: Any, ignore_index: int, reduction: str, ls: float
 ) -> np.ndarray:
+    if w is None and not ls and reduction == "mean" and x.ndim == 2 and t.ndim == 1 and t.size:
+        loss = _ce_fast(x, t, ignore_index)
+        if loss is not None:
+            return loss
     c, dt = x.shape[1], x.dtype
     tg = _Targets(t, c, w, ignore_index, dt)
     z = x - x.max(1, keepdims=True)
@@ -776,12 +780,46 @@ def _ce_kernel(
     return _reduce_loss(loss, reduction, tg, dt)
 
 
+def _ce_fast(x: np.ndarray, t: np.ndarray, ignore_index: int) -> np.ndarray | None:
+    """The common case (N, C) logits, class indices all valid, no weights or smoothing, mean: the loss as a
+    0-dim view into a buffer that also holds the softmax, which the rule then reuses (`_ce_softmax`)
+    instead of computing it again. None when a target is out of range or ignored (the general path)."""
+    n, c = x.shape
+    lo, hi = t.min(), t.max()
+    if lo < 0 or hi >= c or lo <= ignore_index <= hi:
+        return None
+    buf = np.empty(1 + n * c, x.dtype)
+    p = buf[1:].reshape(n, c)
+    np.subtract(x, x.max(1, keepdims=True), out=p)
+    picked = p[np.arange(n), t].sum()
+    np.exp(p, out=p)
+    s = p.sum(1, keepdims=True)
+    buf[0] = (np.log(s).sum() - picked) / n
+    p /= s
+    return buf[:1].reshape(())
+
+
+def _ce_softmax(out: Any, x: np.ndarray) -> np.ndarray | None:
+    """The softmax `_ce_fast` left beside the loss ``out``, or None if ``out`` came from the general path."""
+    b = out.base if isinstance(out, np.ndarray) else None
+    if b is None or b.ndim != 1 or b.size != 1 + x.size:
+        return None
+    return b[1:].reshape(x.shape)  # type: ignore[no-any-return]
+
+
 def _ce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     # d loss_i / d x_i = p_i * A_i - B_i with A_i = (1-ls) w_i + (ls/C) W and
     # B_i = (1-ls) w_i onehot(t_i) + (ls/C) w  (w_i: the target's weight, W = sum of class weights),
     # both 0 for ignored targets; then times the upstream gradient (divided by the weight sum for 'mean').
     x, t, w = args
     ls, reduction = kw["ls"], kw["reduction"]
+    if xp is NP and out is not None:
+        p = _ce_softmax(out, x)
+        if p is not None:  # the forward took the fast path: valid targets, mean, no weights or smoothing
+            r = g / x.shape[0]
+            gx = p * r
+            gx[np.arange(x.shape[0]), t] -= r
+            return (gx, None, None)
     xv = xp.value(x)
     c, nd, dt = xv.shape[1], xv.ndim, xv.dtype
     wv = None if w is None else xp.value(w)
@@ -822,7 +860,8 @@ def _ce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
     return (r * (pa - b), None, None)
 
 
-OP_CROSS_ENTROPY = defop("cross_entropy", _ce_kernel, _ce_meta, _ce_rule)
+# the output is saved: after the fast path it carries the softmax for the rule
+OP_CROSS_ENTROPY = defop("cross_entropy", _ce_kernel, _ce_meta, _ce_rule, save_out=True)
 
 
 def _as_batched(x: Tensor, target: Any) -> tuple[Tensor, Any, bool]:

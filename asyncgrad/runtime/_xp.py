@@ -174,13 +174,14 @@ def sum_to(xp: Any, g: Any, shape: tuple[int, ...]) -> Any:
     lead = len(gshape) - len(shape)
     if lead < 0:
         raise ValueError(f"gradient of shape {tuple(gshape)} cannot be reduced to shape {shape}")
-    axes = tuple(range(lead)) + tuple(
-        i + lead for i, s in enumerate(shape) if s == 1 and gshape[i + lead] != 1
-    )
-    if axes:
-        g = xp.sum(g, axes, True)
-    if lead:
-        g = xp.reshape(g, shape)
+    inner = tuple(i + lead for i, s in enumerate(shape) if s == 1 and gshape[i + lead] != 1)
+    if not inner:
+        # only leading dims to drop (a bias's gradient): one reduction, no reshape
+        g = xp.sum(g, tuple(range(lead)), False)
+    else:
+        g = xp.sum(g, tuple(range(lead)) + inner, True)
+        if lead:
+            g = xp.reshape(g, shape)
     if tuple(g.shape) != tuple(shape):
         raise ValueError(f"gradient of shape {tuple(gshape)} cannot be reduced to shape {shape}")
     return g
