@@ -58,13 +58,16 @@ def empty_like_contract(param: np.ndarray) -> np.ndarray:
     return out
 
 
-def accumulate(rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool | None) -> None:
+def accumulate(
+    rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool | None, batches: dict[Any, list[Any]]
+) -> None:
     """Fold gradient ``g`` into ``leaf.grad`` following the layout contract (see module docstring).
 
     ``unique``: nobody but the caller holds ``g`` (so its buffer may be stolen if its layout obeys);
     None when ``g`` is still being computed: the queued steal-or-copy kernel then counts its references.
     When ``g`` is still being computed, the steal-or-copy decision runs as a kernel on the stream, so the
-    backward pass never waits for its kernels.
+    backward pass never waits for its kernels; such decisions are collected in ``batches`` (per stream)
+    and queued as one kernel per stream by `submit_steals`.
     """
     old = leaf._grad
     if old is None:
@@ -89,7 +92,7 @@ def accumulate(rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool | No
                 leaf._grad = inplace(buf, np.copyto, g)
                 rt.grads_copied += 1
             return
-        leaf._grad = _steal_or_copy_queued(rt, leaf, g, unique)
+        leaf._grad = _steal_or_copy_queued(rt, leaf, g, unique, batches)
         return
     if create_graph or (_grad_mode.is_grad_enabled() and g._rg):
         leaf._grad = old + g
@@ -126,7 +129,9 @@ def _is_ready(t: Any) -> bool:
     return t._data is not None and (s is None or s._completed >= t._seq)
 
 
-def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool | None) -> Any:
+def _steal_or_copy_queued(
+    rt: Any, leaf: Any, g: Any, unique: bool | None, batches: dict[Any, list[Any]]
+) -> Any:
     # queue it behind g's own kernel, on g's stream: a leaf's owner that got the commit in its own task
     # (not started yet, or busy, when the pass finished) would otherwise take a stream of its own, and every such
     # commit would cost a cross-stream event and a lane blocked on it
@@ -135,26 +140,47 @@ def _steal_or_copy_queued(rt: Any, leaf: Any, g: Any, unique: bool | None) -> An
     wait_for(g, stream)
     wait_for(leaf, stream)
     out = Tensor._pending(leaf._shape, leaf._dtype, leaf._dev, stream)
-
-    def job() -> None:
-        garr, param = g._data, leaf._data
-        steal = unique
-        if steal is None:
-            # the kernel that computed g has run (stream order) and let go of it: g is held by this
-            # job's closure alone (+ getrefcount's argument), its array by g and `garr`; the kernel
-            # marked g if its rule handed one array back for two inputs
-            steal = sys.getrefcount(g) == 2 and sys.getrefcount(garr) == 3 and not g.__dict__.get("_aliased", False)
-        if steal and private_base(garr) and obeys_contract(garr, param):
-            out._data = garr
-            rt.grads_stolen += 1
-        else:
-            buf = empty_like_contract(param)
-            np.copyto(buf, garr)
-            out._data = buf
-            rt.grads_copied += 1
-
-    out._seq = stream.submit(job)
+    batch = batches.get(stream)
+    if batch is None:
+        batch = batches[stream] = []
+    batch.append([rt, leaf, g, out, unique])
     return out
+
+
+def submit_steals(batches: dict[Any, list[Any]]) -> None:
+    """Queue the steal-or-copy decisions collected by `accumulate`: one kernel per stream for all its leaves
+    (the `.grad` tensors it fills are pending on it until then)."""
+    for stream, items in batches.items():
+
+        def job(items: list[Any] = items) -> None:
+            for item in items:
+                _steal_or_copy(item)
+
+        seq = stream.submit(job)
+        for item in items:
+            item[3]._seq = seq
+    batches.clear()
+
+
+def _steal_or_copy(item: list[Any]) -> None:
+    rt, leaf, out, unique = item[0], item[1], item[3], item[4]
+    g = item[2]
+    item.clear()  # g is held by the local `g` alone now (the kernel that computed it has let go of it)
+    garr, param = g._data, leaf._data
+    steal = unique
+    if steal is None:
+        # the kernel that computed g has run (stream order) and let go of it: g is held by `g` alone
+        # (+ getrefcount's argument), its array by g and `garr`; the kernel marked g if its rule handed one
+        # array back for two inputs
+        steal = sys.getrefcount(g) == 2 and sys.getrefcount(garr) == 3 and not g.__dict__.get("_aliased", False)
+    if steal and private_base(garr) and obeys_contract(garr, param):
+        out._data = garr
+        rt.grads_stolen += 1
+    else:
+        buf = empty_like_contract(param)
+        np.copyto(buf, garr)
+        out._data = buf
+        rt.grads_copied += 1
 
 
 def _add_into(a: np.ndarray, b: np.ndarray) -> None:

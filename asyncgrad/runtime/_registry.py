@@ -34,7 +34,7 @@ from ..devices import private_base
 from ._apply import note_failure
 from ._engine import call_hook, check_hook_grad
 from ._hooks import HookTable
-from ._layout import accumulate, undo, undo_record
+from ._layout import accumulate, submit_steals, undo, undo_record
 
 
 @attrs.frozen
@@ -182,25 +182,31 @@ class LeafOwner(Actor):
         """Fold each entry's gradient into its leaf (logging how to undo it in ``records``, if given);
         returns the leaves that have post-accumulate hooks."""
         post = []
-        while entries:
-            entry = entries.pop()
-            leaf, g = entry
-            entry.clear()
-            # a gradient may be stolen only if nobody else holds it: here the references are the local
-            # `g` and getrefcount's argument; its array is held by g alone (its base by the array alone)
-            arr = g._data
-            unique: bool | None
-            if arr is not None:
-                unique = sys.getrefcount(g) == 2 and sys.getrefcount(arr) == 3 and private_base(arr)
-            else:  # still computing (its kernel holds it now): decided in stream order, once it is computed
-                unique = None
-            del arr
-            if records is not None:
-                records.append(undo_record(leaf, g, create_graph))  # holds .grad as it is, never g
-            accumulate(self._rt, leaf, g, create_graph, unique)
-            g = None  # a queued steal-or-copy kernel counts the references left to g
-            if leaf._post_hooks:
-                post.append(leaf)
+        batches: dict[Any, list[Any]] = {}
+        try:
+            while entries:
+                entry = entries.pop()
+                leaf, g = entry
+                entry.clear()
+                # a gradient may be stolen only if nobody else holds it: here the references are the local
+                # `g` and getrefcount's argument; its array is held by g alone (its base by the array alone)
+                arr = g._data
+                unique: bool | None
+                if arr is not None:
+                    unique = sys.getrefcount(g) == 2 and sys.getrefcount(arr) == 3 and private_base(arr)
+                else:  # still computing (its kernel holds it now): decided in stream order, once it is computed
+                    unique = None
+                del arr
+                if records is not None:
+                    records.append(undo_record(leaf, g, create_graph))  # holds .grad as it is, never g
+                accumulate(self._rt, leaf, g, create_graph, unique, batches)
+                g = None  # a queued steal-or-copy kernel counts the references left to g
+                if leaf._post_hooks:
+                    post.append(leaf)
+        finally:
+            # before any hook runs (hooks see .grad tensors whose kernels are queued), and also when a leaf
+            # failed: the .grad tensors already set must get their values
+            submit_steals(batches)
         return post
 
     def owner_statistics(self) -> OwnerStatistics:
