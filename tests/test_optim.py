@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
 import trio
+from conftest import set_inline_limit
 
 import asyncgrad as ag
 from asyncgrad import nn, optim
@@ -298,3 +300,72 @@ async def test_concurrent_trainings_equal_sequential() -> None:
         assert seq[i][0] == conc[i][0] and math.isfinite(seq[i][0])
         for k in seq[i][1]:
             assert np.array_equal(seq[i][1][k], conc[i][1][k])
+
+
+# ---- `p -= lr * g` in one pass ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+async def test_update_by_a_scaled_temporary_is_fused_and_exact(dtype: str, monkeypatch: Any) -> None:
+    """``p -= k * g`` / ``p += k * g`` (a hand-written SGD step) updates p in one pass when ``k * g`` is used
+    nowhere else, and gives what the two ops give (to within the one rounding a fused multiply-add saves)."""
+    from asyncgrad.runtime import _inplace
+
+    set_inline_limit(monkeypatch, -1)  # every kernel queued, as for real parameters
+    fused: list[bool] = []
+    real = _inplace.scaled_update
+    monkeypatch.setattr(_inplace, "scaled_update", lambda *a: fused.append(True) or real(*a))
+    rng = np.random.default_rng(0)
+    k = 3 if dtype == "int64" else 0.01
+    async with ag.open_runtime():
+        for shape in [(784, 512), (512,), (3, 1, 5)]:
+            p0, g0 = (rng.integers(-50, 50, shape) for _ in range(2)) if dtype == "int64" else (
+                rng.standard_normal(shape) for _ in range(2))
+            p0, g0 = p0.astype(dtype), g0.astype(dtype)
+            p, g = ag.tensor(p0), ag.tensor(g0)
+            with ag.no_grad():
+                p -= k * g
+                p += g * k
+                p -= ag.mul(g, 2 * k)
+            want = p0 - (k * g0)
+            want = want + (g0 * k)
+            want = want - (g0 * (2 * k))
+            tol = 0 if dtype == "int64" else 8 * np.finfo(dtype).eps
+            np.testing.assert_allclose(p.numpy(), want, rtol=tol, atol=tol)
+    assert len(fused) == 9
+
+
+async def test_a_scaled_temporary_used_elsewhere_still_gets_its_value(rt: Any, monkeypatch: Any) -> None:
+    set_inline_limit(monkeypatch, -1)
+    p = ag.tensor(np.ones(1000, np.float32))
+    g = ag.tensor(np.full(1000, 2.0, np.float32))
+    t = 0.5 * g  # held by the caller
+    p -= t
+    np.testing.assert_array_equal(t.numpy(), np.ones(1000, np.float32))
+    np.testing.assert_array_equal(p.numpy(), np.zeros(1000, np.float32))
+    x = ag.tensor(np.ones(1000, np.float32))
+    x += 2 * x  # the temporary reads x itself
+    np.testing.assert_array_equal(x.numpy(), np.full(1000, 3.0, np.float32))
+    y = ag.tensor(np.ones((4, 1000), np.float32))
+    y -= 0.5 * g  # broadcast: not the fused form, same result
+    np.testing.assert_array_equal(y.numpy(), np.zeros((4, 1000), np.float32))
+    w = ag.tensor(np.ones(1000, np.float32))
+    u = 0.5 * g
+    v = u + 1  # a kernel queued after u reads it: no fusion
+    w -= u
+    np.testing.assert_array_equal(v.numpy(), np.full(1000, 2.0, np.float32))
+    np.testing.assert_array_equal(w.numpy(), np.zeros(1000, np.float32))
+
+
+async def test_add_with_alpha_matches_numpy(rt: Any, monkeypatch: Any) -> None:
+    set_inline_limit(monkeypatch, -1)
+    rng = np.random.default_rng(1)
+    for dtype in ("float32", "float64"):
+        a0, b0 = rng.standard_normal((2, 300, 7)).astype(dtype)
+        a, b = ag.tensor(a0), ag.tensor(b0)
+        a.add_(b, alpha=-0.1)
+        a.sub_(b, alpha=0.2)
+        eps = 8 * np.finfo(dtype).eps
+        np.testing.assert_allclose(a.numpy(), a0 - 0.1 * b0 - 0.2 * b0, rtol=eps, atol=eps)
+        a.add_(a, alpha=0.5)  # x and y the same memory: numpy's form
+        np.testing.assert_allclose(a.numpy(), 1.5 * (a0 - 0.1 * b0 - 0.2 * b0), rtol=eps, atol=eps)

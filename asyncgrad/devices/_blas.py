@@ -76,3 +76,62 @@ def unboost() -> None:
     """Back to the base count."""
     if _setter and _base is not None:
         _setter(_base)
+
+
+# ---- y += alpha * x in one pass (BLAS axpy) ----------------------------------------------------------
+
+_axpy: dict[Any, Any] | None = None  # dtype -> (C function, its integer type); {} when none was found
+
+
+def _find_axpy() -> dict[Any, Any]:
+    import numpy as np
+
+    found: dict[Any, Any] = {}
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        for lib in ThreadpoolController().lib_controllers:
+            if lib.info().get("internal_api") != "openblas":
+                continue
+            for letter, dtype, ctype in (("s", np.float32, ctypes.c_float), ("d", np.float64, ctypes.c_double)):
+                for prefix in ("", "scipy_"):
+                    for suffix, itype in (("", ctypes.c_int), ("64_", ctypes.c_int64)):
+                        fn = getattr(lib.dynlib, f"{prefix}cblas_{letter}axpy{suffix}", None)
+                        if fn is not None and np.dtype(dtype) not in found:
+                            fn.argtypes = [itype, ctype, ctypes.c_void_p, itype, ctypes.c_void_p, itype]
+                            fn.restype = None
+                            found[np.dtype(dtype)] = fn
+            break
+    except Exception:  # no threadpoolctl or an unusual build: numpy's two-pass form instead
+        return {}
+    return found
+
+
+def axpy(alpha: float, x: Any, y: Any) -> bool:
+    """``y += alpha * x`` in place, in one pass over memory with OpenBLAS's axpy (no temporary ``alpha * x``).
+
+    Only for equal-shaped, C-contiguous float32/float64 arrays of one dtype that do not overlap, with
+    y writeable; returns False (and does nothing) otherwise or without an OpenBLAS, and the caller then
+    uses numpy. The call lets go of the GIL while it runs, as numpy's kernels do.
+    """
+    global _axpy
+    if _axpy is None:
+        _axpy = _find_axpy()
+    fn = _axpy.get(x.dtype)
+    if (
+        fn is None
+        or y.dtype != x.dtype
+        or y.shape != x.shape
+        or not (x.flags.c_contiguous and y.flags.c_contiguous and y.flags.writeable)
+        or _overlap(x, y)
+    ):
+        return False
+    if y.size:
+        fn(y.size, alpha, x.ctypes.data, 1, y.ctypes.data, 1)
+    return True
+
+
+def _overlap(x: Any, y: Any) -> bool:
+    import numpy as np
+
+    return bool(np.may_share_memory(x, y))

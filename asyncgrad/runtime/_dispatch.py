@@ -545,6 +545,8 @@ def _enqueue(
     if op.fills_out and math.prod(shape) * dtype.itemsize >= HOST_CACHE_MIN_BYTES:
 
         def job() -> None:
+            if out._defer:  # an in-place update took this kernel over (`_inplace.scaled_update`)
+                return
             arrays = [a._data if isinstance(a, T) else a for a in args]
             # only where the ufunc would compute in `dtype` and give a C-ordered result anyway
             if all(x.dtype == dtype and x.flags.c_contiguous for x in arrays if isinstance(x, np.ndarray)):

@@ -6,10 +6,13 @@ operands; the tensor is then pending on that stream until the kernel completes.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..devices import INLINE_MAX_ELEMENTS
+import numpy as np
+
+from ..devices import INLINE_MAX_ELEMENTS, blas_axpy
 from ._dispatch import wait_for
 from ._runtime import current_stream
 from ._tensor import Tensor
@@ -53,3 +56,51 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
     t._seq = stream.submit(job)
     t._stream = stream
     return t
+
+
+def add_scaled(a: np.ndarray, alpha: Any, o: Any) -> None:
+    """``a += alpha * o`` in place: one BLAS pass when the arrays allow it (no temporary), else numpy."""
+    if not (isinstance(o, np.ndarray) and blas_axpy(alpha, o, a)):
+        np.add(a, alpha * o, out=a, casting="unsafe")
+
+
+def scaled_update(p: Tensor, tmp: Tensor, ufunc: Any) -> Tensor | None:
+    """``p += tmp`` / ``p -= tmp`` where ``tmp = k * g`` is queued and nothing was queued after it: take its
+    kernel over and update ``p`` in one pass (BLAS axpy), unless ``tmp`` turns out to be used elsewhere.
+
+    The optimizer step users write by hand (``p -= lr * p.grad``) otherwise writes and reads back a whole
+    temporary per parameter. Whether ``tmp`` is needed is decided in the kernel, when all the references
+    there will ever be to it exist: if anything but the kernel still holds it, it is computed as before.
+    Returns None (nothing done) when the pattern does not apply.
+    """
+    g, k = tmp.__dict__["_scaled"]
+    stream = tmp._stream
+    if (
+        (ufunc is not np.add and ufunc is not np.subtract)
+        or stream is None
+        or tmp._seq != stream._submitted  # a later kernel may read tmp
+        or stream._completed >= tmp._seq  # computed already
+        or p._shape != tmp._shape
+        or p._dtype is not tmp._dtype
+        or p._dev is not tmp._dev
+        or stream is not current_stream(p._dev)
+    ):
+        return None
+    alpha = -k if ufunc is np.subtract else k
+    tmp._defer = True  # its kernel returns at once (or, already started, computes tmp: handled below)
+    box = [tmp]
+
+    def update(a: np.ndarray, garr: np.ndarray, box: list[Tensor]) -> None:
+        t = box.pop()
+        d = t._data
+        # refs to t: `t` and getrefcount's argument, if nothing else (a user's variable) holds it
+        if d is None and sys.getrefcount(t) > 2:
+            d = t._data = np.multiply(garr, k)
+        if d is not None:
+            ufunc(a, d, out=a, casting="unsafe")
+        else:
+            add_scaled(a, alpha, garr)
+
+    inplace(p, update, g, box)
+    tmp._seq = p._seq  # tmp is pending until the update: it may compute it
+    return p

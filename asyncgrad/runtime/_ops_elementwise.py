@@ -217,7 +217,28 @@ def sub(a: Any, b: Any) -> Tensor:
 
 def mul(a: Any, b: Any) -> Tensor:
     """Elementwise ``a * b`` with broadcasting."""
-    return apply2(OP_MUL, a, b)
+    if type(a) is Tensor:
+        return _scaled(apply2(OP_MUL, a, b), a, b)
+    return _scaled(apply2(OP_MUL, a, b), b, a)
+
+
+def _scaled(out: Tensor, t: Any, k: Any) -> Tensor:
+    """Note on a queued, graph-free ``tensor * number`` result what it is, so that an in-place ``p -= out``
+    can compute ``p - number * tensor`` in one pass instead (`_inplace.scaled_update`)."""
+    if out._data is None and not out._rg and type(k) in _NUMBERS and type(t) is Tensor and t._dtype is out._dtype:
+        out.__dict__["_scaled"] = (t, k)
+    return out
+
+
+_NUMBERS = (float, int)
+
+
+def _tensor_mul(s: Tensor, o: Any) -> Tensor:
+    return _scaled(apply2(OP_MUL, s, o), s, o)
+
+
+def _tensor_rmul(s: Tensor, o: Any) -> Tensor:
+    return _scaled(apply2(OP_MUL, o, s), s, o)
 
 
 def div(a: Any, b: Any) -> Tensor:
@@ -526,8 +547,8 @@ def _install() -> None:
     T.__radd__ = lambda s, o: apply2(OP_ADD, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
     T.__sub__ = lambda s, o: apply2(OP_SUB, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
     T.__rsub__ = lambda s, o: apply2(OP_SUB, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__mul__ = lambda s, o: apply2(OP_MUL, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__rmul__ = lambda s, o: apply2(OP_MUL, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
+    T.__mul__ = _tensor_mul  # type: ignore[method-assign,attr-defined,assignment]
+    T.__rmul__ = _tensor_rmul  # type: ignore[method-assign,attr-defined,assignment]
     T.__truediv__ = lambda s, o: apply2(OP_DIV, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
     T.__rtruediv__ = lambda s, o: apply2(OP_DIV, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
     T.__pow__ = lambda s, o: apply2(OP_POW, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]

@@ -44,6 +44,9 @@ class Tensor:
     # so a write through any of them is seen. Made on first write or view (in __dict__), so new tensors cost
     # nothing; `_version` reads it
     _vc: list[int] | None = None
+    # set on the pending result of ``tensor * number`` (no graph) whose kernel an in-place ``p -= ...`` took
+    # over (`_inplace.scaled_update`): the kernel then skips, and the in-place kernel computes what is needed
+    _defer = False
     _grad: Tensor | None = None
     _out_nr = 0
     _hooks: Any = None
@@ -560,7 +563,7 @@ class Tensor:
         self._check_inplace("add_", other)
         if alpha == 1.0:
             return _inplace.inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
-        return _inplace.inplace(self, lambda a, o: np.add(a, alpha * o, out=a, casting="unsafe"), other)
+        return _inplace.inplace(self, lambda a, o: _inplace.add_scaled(a, alpha, o), other)
 
     def mul_(self, other: Any) -> Tensor:
         self._check_inplace("mul_", other)
@@ -583,6 +586,11 @@ class Tensor:
 
     def _iop(self, other: Any, ufunc: Any, name: str) -> Tensor:
         self._check_inplace(name, other)
+        if type(other) is Tensor and other._defer is False and "_scaled" in other.__dict__:
+            # `p -= lr * g`: one pass over memory, without the temporary, when `lr * g` is not used elsewhere
+            done = _inplace.scaled_update(self, other, ufunc)
+            if done is not None:
+                return done
         return _inplace.inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
 
     def _check_inplace(self, name: str, *values: Any) -> None:
