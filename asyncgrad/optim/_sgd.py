@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import blas_axpy
 from ..runtime import Tensor
 from ._optimizer import Optimizer, fused_update, required, state_like
 
@@ -82,7 +83,8 @@ class SGD(Optimizer):
                 d = -ga if maximize else ga
                 if wd != 0.0:
                     d = d + wd * pa
-                pa -= lr * d
+                if not blas_axpy(-lr, d, pa):  # one pass over memory where BLAS can
+                    pa -= lr * d
 
             fused_update(p, plain, g)
             return
@@ -104,6 +106,7 @@ class SGD(Optimizer):
                 else:
                     ba += (1.0 - dampening) * d
             d = d + momentum * ba if nesterov else ba
-            pa -= lr * d
+            if not blas_axpy(-lr, d, pa):
+                pa -= lr * d
 
         fused_update(p, with_momentum, g, buf)
