@@ -167,6 +167,31 @@ async def test_backward_twice_without_retain_graph(rt: Any) -> None:
     await araises_exactly(RuntimeError, RETAIN, lambda: ag.grad(loss2, [x]))
 
 
+@pytest.mark.parametrize("inline", [True, False])
+async def test_backward_twice_through_nodes_that_saved_nothing(inline: bool, monkeypatch: Any) -> None:
+    """PyTorch frees only saved tensors: a graph of nodes whose backward reads no values (sum, add, reshape,
+    indexing, mean, broadcasting) runs backward again, accumulating; one saving a tensor still raises."""
+    from conftest import set_inline_limit
+
+    if not inline:
+        set_inline_limit(monkeypatch, -1)
+    async with ag.open_runtime():
+        x = ag.tensor([1.0, 2.0, 3.0], dtype="float64", requires_grad=True)
+        y = (x.reshape(3, 1) + x[1:].sum() + 1).mean()
+        with trio.fail_after(TIMEOUT):
+            await y.backward()
+            first = x.grad.numpy().copy()
+            await y.backward()
+            (g,) = await ag.grad(y, [x])
+        np.testing.assert_allclose(first, [1 / 3, 4 / 3, 4 / 3])  # what PyTorch gives
+        np.testing.assert_allclose(x.grad.numpy(), 2 * first)
+        np.testing.assert_allclose(g.numpy(), first)
+        assert [f is None for f, _ in y.grad_fn.next_functions] == [False]
+        z = (x * x).sum()
+        await z.backward()
+        await araises_exactly(RuntimeError, RETAIN, lambda: z.backward())
+
+
 async def test_backward_twice_through_a_function(rt: Any) -> None:
     class Square(ag.Function):
         @staticmethod

@@ -85,7 +85,7 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
         wait_for(out, stream)
     dev = stream.device
     results = [
-        Tensor._pending(a._shape, a._dtype, dev, stream) if need else None
+        Tensor._pending(tuple(a.shape), a.dtype, dev, stream) if need else None
         for a, need in zip(args, node.needs)
     ]
     view = _NodeView(node.op, node.kw, node.needs)

@@ -257,10 +257,24 @@ class OpNode(Node):
         # a released node no longer has its args; then every edge that exists counts
         if self.args is None:
             return [i for i, e in enumerate(self.next) if e is not None]
+        pos = self.__dict__.get("_tpos")  # released down to shape stand-ins (`release`)
+        if pos is not None:
+            return pos  # type: ignore[no-any-return]
         return [i for i, a in enumerate(self.args) if isinstance(a, Tensor)]
 
     def release(self) -> None:
-        """Drop saved values (backward without retain_graph)."""
+        """Drop saved values (backward without retain_graph).
+
+        A node whose rule reads no values (add, sum, reshape, indexing, ...) keeps only what its rule does
+        read, its inputs' shapes and dtypes, as zero-byte stand-ins: as in PyTorch, which frees saved
+        tensors only, a graph of such nodes can be run backward again.
+        """
+        args = self.args
+        if args is not None and self.op.saves_none and self.out is None:
+            if "_tpos" not in self.__dict__:
+                self.__dict__["_tpos"] = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+                self.args = tuple(_shape_of(a) if isinstance(a, Tensor) else a for a in args)
+            return
         self.args = None
         if self.out is not None:
             self.out = None
@@ -268,6 +282,11 @@ class OpNode(Node):
     @property
     def _released(self) -> bool:  # type: ignore[override]
         return self.args is None
+
+
+def _shape_of(t: Any) -> np.ndarray:
+    """A read-only array of ``t``'s shape and dtype holding one element (what a shape-only rule reads)."""
+    return np.broadcast_to(np.empty((), t._dtype), t._shape)
 
 
 def saved_versions(saves: tuple[int, ...] | None, args: tuple[Any, ...]) -> int:
