@@ -284,9 +284,19 @@ class OpNode(Node):
         return self.args is None
 
 
+_shape_stubs: dict[tuple[tuple[int, ...], Any], np.ndarray] = {}
+
+
 def _shape_of(t: Any) -> np.ndarray:
-    """A read-only array of ``t``'s shape and dtype holding one element (what a shape-only rule reads)."""
-    return np.broadcast_to(np.empty((), t._dtype), t._shape)
+    """A read-only array of ``t``'s shape and dtype holding one element (what a shape-only rule reads);
+    shared per shape and dtype, since nothing writes into a rule's inputs (released nodes each step)."""
+    key = (t._shape, t._dtype)
+    stub = _shape_stubs.get(key)
+    if stub is None:
+        if len(_shape_stubs) >= 1024:
+            _shape_stubs.clear()
+        stub = _shape_stubs[key] = np.broadcast_to(np.empty((), t._dtype), t._shape)
+    return stub
 
 
 def saved_versions(saves: tuple[int, ...] | None, args: tuple[Any, ...]) -> int:
