@@ -9,7 +9,7 @@ job only *launches* kernels, asynchronously), completion is a cupy ``Event`` rec
 The CUDA device itself is not implemented yet (no GPU to test on); asking for one says so.
 """
 
-from ._blas import axpy as blas_axpy
+from ._blas import add_scaled
 from ._blas import boost_available as blas_boost_available
 from ._blas import boosted as blas_boosted
 from ._blas import unboost as blas_unboost
@@ -44,7 +44,7 @@ __all__ = [
     "StreamPool",
     "StreamStatistics",
     "Synchronize",
-    "blas_axpy",
+    "add_scaled",
     "blas_boost_available",
     "blas_boosted",
     "blas_unboost",

@@ -135,3 +135,11 @@ def _overlap(x: Any, y: Any) -> bool:
     import numpy as np
 
     return bool(np.may_share_memory(x, y))
+
+
+def add_scaled(a: Any, alpha: Any, o: Any) -> None:
+    """``a += alpha * o`` in place: one BLAS pass when the arrays allow it (no temporary), else numpy."""
+    import numpy as np
+
+    if not (isinstance(o, np.ndarray) and axpy(alpha, o, a)):
+        np.add(a, alpha * o, out=a, casting="unsafe")

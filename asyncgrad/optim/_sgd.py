@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import blas_axpy
+from ..devices import add_scaled
 from ..runtime import Tensor
 from ._optimizer import Optimizer, fused_update, required, state_like
 
@@ -83,8 +83,7 @@ class SGD(Optimizer):
                 d = -ga if maximize else ga
                 if wd != 0.0:
                     d = d + wd * pa
-                if not blas_axpy(-lr, d, pa):  # one pass over memory where BLAS can
-                    pa -= lr * d
+                add_scaled(pa, -lr, d)  # one pass over memory where BLAS can
 
             fused_update(p, plain, g)
             return
@@ -106,7 +105,6 @@ class SGD(Optimizer):
                 else:
                     ba += (1.0 - dampening) * d
             d = d + momentum * ba if nesterov else ba
-            if not blas_axpy(-lr, d, pa):
-                pa -= lr * d
+            add_scaled(pa, -lr, d)
 
         fused_update(p, with_momentum, g, buf)

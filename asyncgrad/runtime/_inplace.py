@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import INLINE_MAX_ELEMENTS, blas_axpy
+from ..devices import INLINE_MAX_ELEMENTS, add_scaled
 from ._dispatch import wait_for
 from ._runtime import current_stream
 from ._tensor import Tensor
@@ -56,12 +56,6 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
     t._seq = stream.submit(job)
     t._stream = stream
     return t
-
-
-def add_scaled(a: np.ndarray, alpha: Any, o: Any) -> None:
-    """``a += alpha * o`` in place: one BLAS pass when the arrays allow it (no temporary), else numpy."""
-    if not (isinstance(o, np.ndarray) and blas_axpy(alpha, o, a)):
-        np.add(a, alpha * o, out=a, casting="unsafe")
 
 
 def scaled_update(p: Tensor, tmp: Tensor, ufunc: Any) -> Tensor | None:

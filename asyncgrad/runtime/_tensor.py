@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import trio
 
-from ..devices import Device, Stream
+from ..devices import Device, Stream, add_scaled
 from . import _dispatch, _grad_mode, _promote
 from ._dispatch import share_version
 from ._runtime import _task_streams, current_runtime
@@ -563,7 +563,7 @@ class Tensor:
         self._check_inplace("add_", other)
         if alpha == 1.0:
             return _inplace.inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
-        return _inplace.inplace(self, lambda a, o: _inplace.add_scaled(a, alpha, o), other)
+        return _inplace.inplace(self, lambda a, o: add_scaled(a, alpha, o), other)
 
     def mul_(self, other: Any) -> Tensor:
         self._check_inplace("mul_", other)
