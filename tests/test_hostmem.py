@@ -134,11 +134,13 @@ async def test_a_split_matmul_and_its_gradients_match_numpy(
             np.testing.assert_allclose(B.grad.numpy(), a.T @ g, rtol=1e-12, atol=1e-12)
 
 
-async def test_a_big_matmul_lends_idle_lanes_cores_to_blas_and_gives_them_back(
+async def test_a_lone_training_runs_with_every_lanes_blas_threads_and_shares_them_when_another_starts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if not _blas.boost_available():
         pytest.skip("this BLAS is not a pthreads OpenBLAS: big products are split across lanes instead")
+    from asyncgrad.runtime._runtime import current_stream
+
     calls: list[int] = []
     real = _blas._setter
 
@@ -149,29 +151,56 @@ async def test_a_big_matmul_lends_idle_lanes_cores_to_blas_and_gives_them_back(
     monkeypatch.setattr(_blas, "_setter", spy)
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((400, 300)), rng.standard_normal((300, 500))
+    small = rng.standard_normal((30, 40))
     async with ag.open_runtime(lanes=2) as rt:
         await _idle_lanes(rt)
         with trio.fail_after(TIMEOUT):
+            # one task, one stream in the process: its lane switches to both lanes' threads once, for
+            # every kernel (a small product too), and nothing is switched per call
+            calls.clear()
             out = ag.tensor(a) @ ag.tensor(b)
             np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-12, atol=1e-12)
-            # one idle sibling: two BLAS threads for that call, then back to the lanes' one
-            assert calls == [2, 1]
-            # keep the other lane busy: with no idle sibling the product runs on this lane's one BLAS
-            # thread, and nothing is switched
-            from asyncgrad.runtime._runtime import current_stream
+            assert calls == [2]
+            assert _blas.solo()
+            out = (ag.tensor(small) @ ag.tensor(small.T)) @ ag.tensor(small)
+            np.testing.assert_allclose(out.numpy(), small @ small.T @ small, rtol=1e-12, atol=1e-12)
+            assert calls == [2]
 
-            own = current_stream(rt.cpu)._lane
-            other = next(lane for lane in rt.devices["cpu"]._lanes if lane is not own)
-            started, release = threading.Event(), threading.Event()
-            other._queue.put((None, 0, _Blocker(started, release), False))
-            assert started.wait(TIMEOUT)
-            calls.clear()
-            try:
+            # a second task takes a stream: back to one thread per lane; a big product borrows the idle
+            # sibling's core for that call only
+            started, done = trio.Event(), trio.Event()
+
+            async def other() -> None:
+                current_stream(rt.cpu)
+                started.set()
+                await done.wait()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other)
+                await started.wait()
+                assert not _blas.solo()
+                calls.clear()
                 out = ag.tensor(a) @ ag.tensor(b)
                 np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-12, atol=1e-12)
-            finally:
-                release.set()
-            assert calls == []
+                assert calls == [1, 2, 1]
+
+                # keep the other lane busy: with no idle sibling the product runs on this lane's one
+                # BLAS thread, and nothing is switched
+                own = current_stream(rt.cpu)._lane
+                lane = next(ln for ln in rt.devices["cpu"]._lanes if ln is not own)
+                busy, release = threading.Event(), threading.Event()
+                lane._queue.put((None, 0, _Blocker(busy, release), False))
+                assert busy.wait(TIMEOUT)
+                calls.clear()
+                try:
+                    out = ag.tensor(a) @ ag.tensor(b)
+                    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-12, atol=1e-12)
+                finally:
+                    release.set()
+                assert calls == []
+                done.set()
+    # the runtime is gone: nothing in the process asks for more than the base any more
+    assert not _blas.solo()
 
 
 class _Blocker:

@@ -12,6 +12,7 @@ The CUDA device itself is not implemented yet (no GPU to test on); asking for on
 from ._blas import add_scaled
 from ._blas import boost_available as blas_boost_available
 from ._blas import boosted as blas_boosted
+from ._blas import solo as blas_solo
 from ._blas import unboost as blas_unboost
 from ._device import (
     DEFAULT_LANE_NICE,
@@ -47,6 +48,7 @@ __all__ = [
     "add_scaled",
     "blas_boost_available",
     "blas_boosted",
+    "blas_solo",
     "blas_unboost",
     "idle_siblings",
     "lane_empty",

@@ -13,6 +13,7 @@ import attrs
 import trio
 
 from ..actors import Actor
+from . import _blas
 from ._hostmem import HostCache
 from ._stream import Lane, Stream
 
@@ -66,6 +67,7 @@ class StreamPool:
                 (self._free if s.query() else still).append(s)
             self._draining = still
         self.in_use += 1
+        self._device._streams_in_use(self.in_use)
         if self._free:
             return self._free.pop()
         self.created += 1
@@ -73,6 +75,7 @@ class StreamPool:
 
     def release(self, stream: Stream) -> None:
         self.in_use -= 1
+        self._device._streams_in_use(self.in_use)
         (self._free if stream.query() else self._draining).append(stream)
 
     def all_streams(self) -> list[Stream]:
@@ -113,6 +116,9 @@ class Device(Actor):
 
     def _new_stream(self) -> Stream:
         raise NotImplementedError
+
+    def _streams_in_use(self, n: int) -> None:
+        """The pool now has ``n`` streams taken (a device whose kernels share a resource may act on it)."""
 
     async def handle(self, msg: Any) -> Any:
         if isinstance(msg, Synchronize):
@@ -177,6 +183,10 @@ class CPUDevice(Device):
     def threads(self) -> list[Any]:
         return [lane.thread for lane in self._lanes]
 
+    def _streams_in_use(self, n: int) -> None:
+        # a training alone in the process runs its kernels with every lane's BLAS threads (see `_blas`)
+        _blas.set_demand(id(self), n if self._lanes else 0, self._lane_count * (self._blas_threads or 1))
+
     def _new_stream(self) -> Stream:
         if not self._lanes:
             raise RuntimeError(f"device {self} is not running: open a runtime with ag.open_runtime()")
@@ -207,4 +217,5 @@ class CPUDevice(Device):
             for lane in self._lanes:
                 lane.join()
             self._lanes = []
+            _blas.set_demand(id(self), 0, 0)
             self.host_cache.close()

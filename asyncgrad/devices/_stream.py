@@ -97,6 +97,8 @@ class Lane:
             # markers only signal: they run even after a failed kernel and on shutdown, so nobody
             # waits forever on a stream whose kernels were dropped
             if marker or (stream._error is None and not self._discard):
+                if _blas._target != _blas._applied:  # a training started or ended beside this one
+                    _blas.sync()
                 try:
                     job()
                 except BaseException as exc:  # kept, re-raised where the stream is waited on

@@ -10,6 +10,7 @@ from ..devices import (
     HOST_CACHE_MIN_BYTES,
     blas_boost_available,
     blas_boosted,
+    blas_solo,
     blas_unboost,
     idle_siblings,
     lane_empty,
@@ -106,6 +107,9 @@ def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if m * n * dtype.itemsize < HOST_CACHE_MIN_BYTES and 2 * m * n * k < SPLIT_MIN_FLOPS:
         return np.matmul(a, b)
     out = lane_empty((m, n), dtype)
+    if blas_solo():  # the lone training has every lane's BLAS threads already
+        np.matmul(a, b, out=out)
+        return out
     ways = 1 + len(idle_siblings())
     if ways < 2 or 2 * m * n * k < SPLIT_MIN_FLOPS:
         np.matmul(a, b, out=out)
