@@ -203,6 +203,36 @@ async def test_a_lone_training_runs_with_every_lanes_blas_threads_and_shares_the
     assert not _blas.solo()
 
 
+async def test_a_training_in_another_runtime_of_the_process_counts_as_beside_this_one() -> None:
+    if not _blas.boost_available():
+        pytest.skip("this BLAS is not a pthreads OpenBLAS: there is no thread count to switch")
+    from asyncgrad.runtime._runtime import current_stream
+
+    holding, release = threading.Event(), threading.Event()
+
+    def other_runtime() -> None:
+        async def main() -> None:
+            async with ag.open_runtime(lanes=2) as rt2:
+                current_stream(rt2.cpu)
+                holding.set()
+                await trio.to_thread.run_sync(release.wait, TIMEOUT)
+
+        trio.run(main)
+
+    async with ag.open_runtime(lanes=2) as rt:
+        current_stream(rt.cpu)
+        assert _blas.solo()  # one stream in the whole process
+        thread = threading.Thread(target=other_runtime)
+        thread.start()
+        try:
+            assert await trio.to_thread.run_sync(holding.wait, TIMEOUT)
+            assert not _blas.solo()  # two trainings in the process share the cores, one BLAS thread each
+        finally:
+            release.set()
+            await trio.to_thread.run_sync(thread.join, TIMEOUT)
+        assert _blas.solo()  # the other runtime closed: this training is alone again
+
+
 class _Blocker:
     """Stands in for a sibling's lent slices: keeps a lane busy until released."""
 

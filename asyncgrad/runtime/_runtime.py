@@ -206,6 +206,8 @@ async def open_runtime(
         lanes: Worker threads per CPU device (default: the machine's cores).
         cpu_devices: How many independent CPU devices ("cpu:0", "cpu:1", ...) to run.
         blas_threads: BLAS threads per kernel; default ``cores // lanes`` so lanes never oversubscribe.
+            A training alone in the process (one stream in use, all runtimes together) runs with every
+            lane's: ``lanes * blas_threads``, at most the cores (with a pthreads OpenBLAS).
         lane_nice: How much lower than the event loop's the lanes' scheduling priority is (Linux nice
             increment, per lane thread; 0 keeps them equal). When kernels keep every core busy, a
             waking event loop then gets a core at once instead of waiting its turn: with the default
