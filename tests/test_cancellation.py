@@ -391,7 +391,7 @@ async def test_post_accumulate_hook_error_does_not_half_commit_a_pass(failing):
 async def test_a_rolled_back_commit_keeps_what_other_passes_committed_meanwhile():
     """A pass whose leaves have two owners commits to both with no await in between, so the undo of a
     failing post-accumulate hook never drops what a concurrent pass committed into the same leaf."""
-    from asyncgrad.runtime._registry import _SYNC
+    from asyncgrad.autograd._leaf_owner import _SYNC
 
     async with ag.open_runtime(lanes=1) as rt:
         a, b = await _two_owner_leaves(np.random.default_rng(7))

@@ -14,7 +14,7 @@ import trio
 
 import asyncgrad as ag
 from asyncgrad.devices import HOST_CACHE_MIN_BYTES, HostCache, _blas, private_base, run_parts
-from asyncgrad.runtime._ops_linalg import SPLIT_MIN_FLOPS
+from asyncgrad.ops._linalg import SPLIT_MIN_FLOPS
 
 TIMEOUT = 30
 BIG = (HOST_CACHE_MIN_BYTES // 8 + 100,)  # float64 elements just over the pooling threshold

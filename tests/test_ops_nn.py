@@ -543,7 +543,7 @@ async def test_cross_entropy(kw: Any, shape: Any, rng: np.random.Generator) -> N
 async def test_cross_entropy_fast_path_matches_the_general_one(dtype: str, rng: np.random.Generator) -> None:
     """Plain (N, C) class-index CE keeps the forward's softmax for the backward; class weights of one take
     the general path: both give the same loss and gradients, also for a second backward of one graph."""
-    from asyncgrad.runtime._ops_nn2 import _ce_softmax
+    from asyncgrad.ops._loss import _ce_softmax
 
     async with ag.open_runtime():
         x = rng.standard_normal((64, 10)).astype(dtype)

@@ -403,7 +403,7 @@ async def test_reentrant_backward_needs_the_device_it_released():
         gx, gA = x.grad.numpy(), A.grad.numpy()
         assert rt.graph_tasks_started == rt.graph_tasks_finished == 2
         # the kernels really went to the lane (not inline on the loop thread)
-        assert sum(s._submitted for s in rt.cpu.pool.all_streams()) >= 6
+        assert sum(s.submitted for s in rt.cpu.pool.all_streams()) >= 6
     # by hand: h = x A; y = h (values); loss = 0.25 * sum(y A)
     h0 = x0 @ A0
     gy = 0.25 * np.ones((N, N)) @ A0.T

@@ -112,7 +112,7 @@ async def test_an_idle_lane_holds_no_finished_job() -> None:
 @pytest.mark.parametrize("shared_lane", [False, True])
 async def test_a_backward_lets_its_caller_run_ahead_of_the_stream(shared_lane: bool) -> None:
     """Alone on its lane a training may record `RUN_AHEAD` passes per wake-up; sharing it, none."""
-    from asyncgrad.runtime import _engine
+    from asyncgrad.autograd import _engine
     from asyncgrad.runtime._runtime import current_stream
 
     async with ag.open_runtime(lanes=1) as rt:
@@ -142,7 +142,7 @@ async def test_a_backward_lets_its_caller_run_ahead_of_the_stream(shared_lane: b
                     # the next one for what was queued before the pass before it (the gate and that step's
                     # forward); shared, pass 1 waits for its forward
                     assert len(grads) == (0 if shared_lane else min(3, _engine.RUN_AHEAD))
-                    assert streams[0]._completed == 0
+                    assert streams[0].completed == 0
                 finally:
                     gate.set()
             assert len(grads) == 3

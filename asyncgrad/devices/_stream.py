@@ -3,7 +3,7 @@
 A CPU stream is bound to one *lane* (a worker thread of its device). Work submitted to a stream runs in
 submission order; streams on different lanes run in parallel; an `Event` recorded on one stream and waited
 on by another orders work across them. Counters are plain ints written by one thread each (the loop
-thread bumps `_submitted`, the lane bumps `_completed`), so checking readiness takes no lock.
+thread bumps `submitted`, the lane bumps `completed`), so checking readiness takes no lock.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class Lane:
             # let go of the job before anyone sees it done: its closure holds its tensors and arrays,
             # which would otherwise stay alive (and look shared to the steal checks) until the next job
             item = job = None
-            stream._completed = seq
+            stream.completed = seq
             if stream._waiters:
                 stream._wake(seq)
 
@@ -235,10 +235,10 @@ class Stream:
 
     __slots__ = (
         "__weakref__",
-        "_completed",
+        "completed",
         "_error",
         "_lane",
-        "_submitted",
+        "submitted",
         "_waiters",
         "device",
         "name",
@@ -248,8 +248,8 @@ class Stream:
     def __init__(self, device: Device, lane: Lane) -> None:
         self.device = device
         self._lane = lane
-        self._submitted = 0
-        self._completed = 0
+        self.submitted = 0
+        self.completed = 0
         self._error: BaseException | None = None
         # (seq, wake) pairs of tasks awaiting `synchronize(seq)`; the lane calls `wake` once seq completed
         self._waiters: list[tuple[int, Callable[[], None]]] = []
@@ -258,15 +258,15 @@ class Stream:
         self.pass_marks = [0] * PASS_MARKS
 
     def __repr__(self) -> str:
-        return f"<Stream {self.name} lane={self._lane.index} pending={self._submitted - self._completed}>"
+        return f"<Stream {self.name} lane={self._lane.index} pending={self.submitted - self.completed}>"
 
     def submit(self, job: Callable[[], None], *, marker: bool = False) -> int:
         """Queue `job` after all work already on this stream; returns its sequence number.
 
         A ``marker`` job only signals (sets an event); it runs even after a failed kernel or on shutdown.
         """
-        seq = self._submitted + 1
-        self._submitted = seq
+        seq = self.submitted + 1
+        self.submitted = seq
         self._lane._queue.put((self, seq, job, marker))
         return seq
 
@@ -276,10 +276,10 @@ class Stream:
 
     def query(self) -> bool:
         """True when all submitted work has completed."""
-        return self._completed >= self._submitted
+        return self.completed >= self.submitted
 
     def is_done(self, seq: int) -> bool:
-        return self._completed >= seq
+        return self.completed >= seq
 
     def check_error(self) -> None:
         """Raise (once) the error of a failed kernel on this stream."""
@@ -293,8 +293,8 @@ class Stream:
 
     def synchronize_blocking(self, seq: int | None = None) -> None:
         """Block the calling thread until work up to `seq` (default: all) completed."""
-        target = self._submitted if seq is None else seq
-        if self._completed < target:
+        target = self.submitted if seq is None else seq
+        if self.completed < target:
             done = threading.Event()
             self.submit(done.set, marker=True)
             done.wait()
@@ -306,8 +306,8 @@ class Stream:
         Only up to `seq`: work queued after it may still run (a marker job at the end of the queue would
         also wait for that).
         """
-        target = self._submitted if seq is None else seq
-        if self._completed < target:
+        target = self.submitted if seq is None else seq
+        if self.completed < target:
             done = trio.Event()
             token = trio.lowlevel.current_trio_token()
 
@@ -320,7 +320,7 @@ class Stream:
             entry = (target, wake)
             self._waiters.append(entry)
             # the lane may have passed `target` before it could see the entry
-            if self._completed >= target:
+            if self.completed >= target:
                 done.set()
             try:
                 await done.wait()
@@ -362,9 +362,9 @@ class Stream:
         return StreamStatistics(
             name=self.name,
             lane=self._lane.index,
-            submitted=self._submitted,
-            completed=self._completed,
-            pending=self._submitted - self._completed,
+            submitted=self.submitted,
+            completed=self.completed,
+            pending=self.submitted - self.completed,
         )
 
 

@@ -17,7 +17,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from .. import runtime as _rt
+from .. import ops, runtime
 from ..runtime import Tensor, get_default_dtype
 from . import functional as F
 from . import init
@@ -57,7 +57,7 @@ __all__ = [
 
 def _new_param(shape: Sequence[int], dtype: Any, device: Any) -> Tensor:
     dt = get_default_dtype() if dtype is None else np.dtype(dtype)
-    t = _rt.tensor(np.zeros(tuple(shape), dtype=dt), dtype=dt, device="cpu" if device is None else device)
+    t = runtime.tensor(np.zeros(tuple(shape), dtype=dt), dtype=dt, device="cpu" if device is None else device)
     return Parameter(t)
 
 
@@ -991,9 +991,9 @@ class _BatchNorm(Module):
         dev = "cpu" if device is None else device
         if track_running_stats:
             dt = get_default_dtype() if dtype is None else np.dtype(dtype)
-            self.register_buffer("running_mean", _rt.zeros(num_features, dtype=dt, device=dev))
-            self.register_buffer("running_var", _rt.ones(num_features, dtype=dt, device=dev))
-            self.register_buffer("num_batches_tracked", _rt.tensor(0, dtype=np.int64, device=dev))
+            self.register_buffer("running_mean", runtime.zeros(num_features, dtype=dt, device=dev))
+            self.register_buffer("running_var", runtime.ones(num_features, dtype=dt, device=dev))
+            self.register_buffer("num_batches_tracked", runtime.tensor(0, dtype=np.int64, device=dev))
         else:
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
@@ -1003,7 +1003,7 @@ class _BatchNorm(Module):
     def reset_running_stats(self) -> None:
         """Running mean 0, running variance 1, ``num_batches_tracked`` 0 (in stream order)."""
         if self.track_running_stats:
-            with _rt.no_grad():
+            with runtime.no_grad():
                 self.running_mean.zero_()
                 self.running_var.fill_(1)
                 self.num_batches_tracked.zero_()
@@ -1022,7 +1022,7 @@ class _BatchNorm(Module):
         self._check_input_dim(input)
         factor: Any = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            with _rt.no_grad():
+            with runtime.no_grad():
                 self.num_batches_tracked.add_(1)
                 if self.momentum is None:  # cumulative moving average: 1 / batches seen (a lazy tensor)
                     factor = 1.0 / self.num_batches_tracked.to(dtype=np.float64)
@@ -1106,10 +1106,10 @@ class Embedding(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        vals = _rt.default_generator().normal(0.0, 1.0, size=self.weight.shape)
+        vals = runtime.default_generator().normal(0.0, 1.0, size=self.weight.shape)
         if self.padding_idx is not None:
             vals[self.padding_idx] = 0
-        with _rt.no_grad():
+        with runtime.no_grad():
             self.weight.copy_(vals.astype(self.weight.dtype))
 
     def forward(self, input: Any) -> Tensor:
@@ -1131,7 +1131,7 @@ class Flatten(Module):
         self.end_dim = end_dim
 
     def forward(self, input: Tensor) -> Tensor:
-        return _rt.flatten(input, self.start_dim, self.end_dim)
+        return ops.flatten(input, self.start_dim, self.end_dim)
 
     def extra_repr(self) -> str:
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

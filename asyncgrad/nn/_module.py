@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..runtime import Tensor, current_runtime, no_grad
-from ..runtime._hooks import HookTable, RemovableHandle, add_hook
+from ..runtime import HookTable, RemovableHandle, add_hook
 
 __all__ = ["Module", "Parameter", "load_state_dict_file", "save_state_dict"]
 

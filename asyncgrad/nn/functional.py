@@ -12,16 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import runtime as _rt
-from ..runtime import (
-    OpError,
-    Tensor,
-    apply,
+from .. import ops as _ops
+from .. import runtime as _runtime
+from ..ops import (
     avg_pool2d,
     binary_cross_entropy_with_logits,
     conv2d,
     cross_entropy,
-    defop,
     dropout,
     embedding,
     layer_norm,
@@ -29,8 +26,11 @@ from ..runtime import (
     mse_loss,
     nll_loss,
 )
-from ..runtime import gelu as _gelu_op
-from ..runtime._ops_nn2 import _reduce, _reduction, _weighted
+from ..ops import gelu as _gelu_op
+from ..runtime import OpError, Tensor, apply, defop
+from ..ops import legacy_reduction as _reduction
+from ..ops import reduce_loss as _reduce
+from ..ops import weighted_loss as _weighted
 
 __all__ = [
     "avg_pool2d",
@@ -127,17 +127,17 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def relu(input: Tensor, inplace: bool = False) -> Tensor:
     """``max(input, 0)`` (``inplace`` is accepted for compatibility; the result is a new tensor)."""
-    return _rt.relu(input)
+    return _ops.relu(input)
 
 
 def tanh(input: Tensor) -> Tensor:
     """Hyperbolic tangent."""
-    return _rt.tanh(input)
+    return _ops.tanh(input)
 
 
 def sigmoid(input: Tensor) -> Tensor:
     """Logistic sigmoid."""
-    return _rt.sigmoid(input)
+    return _ops.sigmoid(input)
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
@@ -162,7 +162,7 @@ def softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Tensor:
         dim = _implicit_dim("softmax", input.ndim)
     if dtype is not None:
         input = input.to(dtype=dtype)
-    return _rt.softmax(input, dim)
+    return _ops.softmax(input, dim)
 
 
 def log_softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Tensor:
@@ -171,7 +171,7 @@ def log_softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Ten
         dim = _implicit_dim("log_softmax", input.ndim)
     if dtype is not None:
         input = input.to(dtype=dtype)
-    return _rt.log_softmax(input, dim)
+    return _ops.log_softmax(input, dim)
 
 
 # ---- more activations (composed of differentiable ops, so second derivatives come for free) ----------
@@ -179,34 +179,34 @@ def log_softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Ten
 
 def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """``x`` where ``x > 0``, else ``negative_slope * x`` (``inplace`` is accepted; the result is new)."""
-    return _rt.where(input > 0, input, input * negative_slope)
+    return _ops.where(input > 0, input, input * negative_slope)
 
 
 def silu(input: Tensor, inplace: bool = False) -> Tensor:
     """``x * sigmoid(x)`` (also called swish)."""
-    return input * _rt.sigmoid(input)
+    return input * _ops.sigmoid(input)
 
 
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``."""
     pos = input > 0
-    neg = _rt.where(pos, 0.0, input)  # keeps exp() finite (and its gradient 0) where x > 0
-    return _rt.where(pos, input, _rt.expm1(neg) * alpha)
+    neg = _ops.where(pos, 0.0, input)  # keeps exp() finite (and its gradient 0) where x > 0
+    return _ops.where(pos, input, _ops.expm1(neg) * alpha)
 
 
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta * x)) / beta``, and ``x`` itself where ``beta * x > threshold``."""
     bx = input * beta
     lin = bx > threshold
-    safe = _rt.where(lin, 0.0, bx)
-    return _rt.where(lin, input, _rt.log1p(_rt.exp(safe)) / beta)
+    safe = _ops.where(lin, 0.0, bx)
+    return _ops.where(lin, input, _ops.log1p(_ops.exp(safe)) / beta)
 
 
 def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
     """``input`` clamped to ``[min_val, max_val]``; the gradient is 0 outside the open interval (as torch)."""
     if min_val > max_val:
         raise ValueError("min_val cannot be greater than max_val")
-    return _rt.where(input <= min_val, min_val, _rt.where(input >= max_val, max_val, input))
+    return _ops.where(input <= min_val, min_val, _ops.where(input >= max_val, max_val, input))
 
 
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:
@@ -219,7 +219,7 @@ def relu6(input: Tensor, inplace: bool = False) -> Tensor:
 
 def _loss_shapes(op: str, input: Tensor, target: Any) -> Any:
     if not isinstance(target, Tensor):
-        target = _rt.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+        target = _runtime.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
     if tuple(target.shape) != tuple(input.shape):
         warnings.warn(
             f"Using a target size ({tuple(target.shape)}) that is different to the input size "
@@ -241,7 +241,7 @@ def l1_loss(
     """Mean absolute error ``|input - target|`` (with ``weight``, 'mean' is ``sum(w*|d|) / sum(w)``)."""
     reduction = _reduction(size_average, reduce, reduction)
     target = _loss_shapes("l1_loss", input, target)
-    return _weighted(_rt.abs(input - target), weight, input, reduction, True)
+    return _weighted(_ops.abs(input - target), weight, input, reduction, True)
 
 
 def smooth_l1_loss(
@@ -258,10 +258,10 @@ def smooth_l1_loss(
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
     target = _loss_shapes("smooth_l1_loss", input, target)
     d = input - target
-    ad = _rt.abs(d)
+    ad = _ops.abs(d)
     if beta == 0.0:
         return _reduce(ad, reduction)
-    loss = _rt.where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta)
+    loss = _ops.where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta)
     return _reduce(loss, reduction)
 
 
@@ -274,8 +274,8 @@ def huber_loss(
         raise RuntimeError("huber_loss does not support non-positive values for delta.")
     target = _loss_shapes("huber_loss", input, target)
     d = input - target
-    ad = _rt.abs(d)
-    loss = _rt.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)
+    ad = _ops.abs(d)
+    loss = _ops.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)
     return _weighted(loss, weight, input, reduction, False)
 
 
@@ -341,7 +341,7 @@ def binary_cross_entropy(
     if input.dtype.kind not in "fc":
         raise OpError(f"binary_cross_entropy: expected a floating point input, got dtype {input.dtype}")
     if not isinstance(target, Tensor):
-        target = _rt.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+        target = _runtime.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(
             f"Using a target size ({tuple(target.shape)}) that is different to the input size "
@@ -354,7 +354,7 @@ def binary_cross_entropy(
 
 def _xlogy_self(t: Tensor) -> Tensor:
     zero = t == 0
-    return _rt.where(zero, 0.0, t * _rt.log(_rt.where(zero, 1.0, t)))
+    return _ops.where(zero, 0.0, t * _ops.log(_ops.where(zero, 1.0, t)))
 
 
 def kl_div(
@@ -387,9 +387,9 @@ def kl_div(
             stacklevel=2,
         )
     if not isinstance(target, Tensor):
-        target = _rt.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+        target = _runtime.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
     if log_target:
-        loss = _rt.exp(target) * (target - input)
+        loss = _ops.exp(target) * (target - input)
     else:
         loss = _xlogy_self(target) - target * input
     if reduction == "batchmean":
@@ -425,7 +425,7 @@ def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
         if a.max() >= num_classes:
             raise RuntimeError("Class values must be smaller than num_classes.")
     out = (a[..., None] == np.arange(num_classes)).astype(np.int64)
-    return _rt.tensor(out, dtype=np.int64, device=dev)
+    return _runtime.tensor(out, dtype=np.int64, device=dev)
 
 
 def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
@@ -456,14 +456,14 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float 
         if lo > 0:
             shape = list(out.shape)
             shape[dim] = lo
-            parts.append(_rt.full(tuple(shape), fill, dtype=input.dtype, device=input.device))
+            parts.append(_runtime.full(tuple(shape), fill, dtype=input.dtype, device=input.device))
         parts.append(out)
         if hi > 0:
             shape = list(out.shape)
             shape[dim] = hi
-            parts.append(_rt.full(tuple(shape), fill, dtype=input.dtype, device=input.device))
+            parts.append(_runtime.full(tuple(shape), fill, dtype=input.dtype, device=input.device))
         if len(parts) > 1:
-            out = _rt.concat(parts, dim)
+            out = _ops.concat(parts, dim)
     return out
 
 
@@ -471,7 +471,7 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, o
     """``input / max(||input||_p, eps)`` along ``dim``."""
     if out is not None:
         raise NotImplementedError("normalize: out= is not supported")
-    denom = _rt.clamp_min(_rt.norm(input, p, dim, keepdim=True), eps)
+    denom = _ops.clamp_min(_ops.norm(input, p, dim, keepdim=True), eps)
     return input / denom
 
 
@@ -510,10 +510,10 @@ def batch_norm(
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input size {tuple(input.shape)}"
             )
-        mean = _rt.mean(input, axes, keepdim=True)
-        var = _rt.var(input, axes, keepdim=True, correction=0)
+        mean = _ops.mean(input, axes, keepdim=True)
+        var = _ops.var(input, axes, keepdim=True, correction=0)
         if running_mean is not None or running_var is not None:
-            with _rt.no_grad():
+            with _runtime.no_grad():
                 m = momentum
                 if running_mean is not None:
                     new = mean.detach().reshape((c,)).to(dtype=running_mean.dtype) * m
@@ -526,7 +526,7 @@ def batch_norm(
             raise RuntimeError("batch_norm: running_mean and running_var must be defined in evaluation mode")
         mean = running_mean.reshape(bshape)
         var = running_var.reshape(bshape)
-    out = (input - mean) * _rt.rsqrt(var + eps)
+    out = (input - mean) * _ops.rsqrt(var + eps)
     if weight is not None:
         out = out * weight.reshape(bshape)
     if bias is not None:

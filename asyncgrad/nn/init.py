@@ -43,18 +43,19 @@ def _fill(tensor: Tensor, values: np.ndarray) -> Tensor:
     return tensor
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
 def _erfinv(x: np.ndarray) -> np.ndarray:
     try:
         from scipy.special import erfinv
 
         return np.asarray(erfinv(x), dtype=np.float64)
     except ImportError:  # pragma: no cover - Newton's method on math.erf without scipy
-        from ..runtime._ops_act import _erf
-
         x = np.clip(x, -1 + 1e-12, 1 - 1e-12)
         y = np.sqrt(np.pi) / 2 * x
         for _ in range(60):
-            y = y - (np.asarray(_erf(y), dtype=np.float64) - x) / (2 / np.sqrt(np.pi) * np.exp(-y * y))
+            y = y - (_erf(y) - x) / (2 / np.sqrt(np.pi) * np.exp(-y * y))
         return y
 
 

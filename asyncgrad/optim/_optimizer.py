@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor, empty_like_contract, no_grad
-from ..runtime._inplace import inplace
+from ..runtime import inplace
 
 __all__ = ["Optimizer", "fused_update", "state_like"]
 

@@ -6,6 +6,7 @@ operands; the tensor is then pending on that stream until the kernel completes.
 
 from __future__ import annotations
 
+import builtins
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import INLINE_MAX_ELEMENTS, add_scaled
+from . import _grad_mode
 from ._dispatch import wait_for
 from ._runtime import current_stream
 from ._tensor import Tensor
@@ -36,13 +38,13 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
         else:
             vc[0] += 1  # the cell is shared with t's views and base
     stream = current_stream(t._dev)
-    ready = t._data is not None and (t._stream is None or t._stream._completed >= t._seq)
+    ready = t._data is not None and (t._stream is None or t._stream.completed >= t._seq)
     for o in others:
         if isinstance(o, Tensor) and (
-            o._data is None or (o._stream is not None and o._stream._completed < o._seq)
+            o._data is None or (o._stream is not None and o._stream.completed < o._seq)
         ):
             ready = False
-    if ready and stream._completed >= stream._submitted and t.numel() <= INLINE_MAX_ELEMENTS:
+    if ready and stream.completed >= stream.submitted and t.numel() <= INLINE_MAX_ELEMENTS:
         fn(t._value(), *[o._value() if isinstance(o, Tensor) else o for o in others])
         return t
     wait_for(t, stream)
@@ -72,8 +74,8 @@ def scaled_update(p: Tensor, tmp: Tensor, ufunc: Any) -> Tensor | None:
     if (
         (ufunc is not np.add and ufunc is not np.subtract)
         or stream is None
-        or tmp._seq != stream._submitted  # a later kernel may read tmp
-        or stream._completed >= tmp._seq  # computed already
+        or tmp._seq != stream.submitted  # a later kernel may read tmp
+        or stream.completed >= tmp._seq  # computed already
         or p._shape != tmp._shape
         or p._dtype is not tmp._dtype
         or p._dev is not tmp._dev
@@ -98,3 +100,116 @@ def scaled_update(p: Tensor, tmp: Tensor, ufunc: Any) -> Tensor | None:
     inplace(p, update, g, box)
     tmp._seq = p._seq  # tmp is pending until the update: it may compute it
     return p
+
+
+# ---- the in-place Tensor methods (bound in `asyncgrad._tensor_methods`) ----------------------------------
+# ---- in-place helpers used by optimizers and zero_grad ---------------------------------------
+
+def zero_(self: Tensor) -> Tensor:
+    check_inplace(self, "zero_")
+    return inplace(self, lambda a: a.fill(0))
+
+def fill_(self: Tensor, value: builtins.float) -> Tensor:
+    check_inplace(self, "fill_")
+    return inplace(self, lambda a: a.fill(value))
+
+def copy_(self: Tensor, src: Tensor | np.ndarray) -> Tensor:
+    check_inplace(self, "copy_", src)
+    return inplace(self, lambda a, s: np.copyto(a, s), src)
+
+def add_(self: Tensor, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
+    check_inplace(self, "add_", other)
+    if alpha == 1.0:
+        return inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
+    return inplace(self, lambda a, o: add_scaled(a, alpha, o), other)
+
+def mul_(self: Tensor, other: Any) -> Tensor:
+    check_inplace(self, "mul_", other)
+    return inplace(self, lambda a, o: np.multiply(a, o, out=a, casting="unsafe"), other)
+
+def sub_(self: Tensor, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
+    return add_(self, other, alpha=-alpha)
+
+def iadd(self: Tensor, other: Any) -> Tensor:
+    return _iop(self, other, np.add, "add")
+
+def isub(self: Tensor, other: Any) -> Tensor:
+    return _iop(self, other, np.subtract, "sub")
+
+def imul(self: Tensor, other: Any) -> Tensor:
+    return _iop(self, other, np.multiply, "mul")
+
+def itruediv(self: Tensor, other: Any) -> Tensor:
+    return _iop(self, other, np.true_divide, "div")
+
+def _iop(self: Tensor, other: Any, ufunc: Any, name: str) -> Tensor:
+    check_inplace(self, name, other)
+    if type(other) is Tensor and other._defer is False and "_scaled" in other.__dict__:
+        # `p -= lr * g`: one pass over memory, without the temporary, when `lr * g` is not used elsewhere
+        done = scaled_update(self, other, ufunc)
+        if done is not None:
+            return done
+    return inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
+
+def check_inplace(self: Tensor, name: str, *values: Any) -> None:
+    if not _grad_mode._grad_enabled.get():
+        return
+    if self._rg:
+        raise RuntimeError(
+            f"in-place {name} on a tensor that requires grad while grad mode is on would corrupt the "
+            "graph; use `with asyncgrad.no_grad():` or an out-of-place op"
+        )
+    for v in values:
+        if isinstance(v, Tensor) and v._rg:
+            # PyTorch would record the write in the graph; asyncgrad records no in-place op, and
+            # silently dropping the value's gradient would give wrong gradients
+            raise RuntimeError(
+                f"in-place {name} writes a value that requires grad (shape {v._shape}) into a tensor "
+                "outside the graph, so its gradient would be lost; build the result out of place "
+                "(asyncgrad.where, stack, concat, ...) or write value.detach() if no gradient should flow"
+            )
+
+
+def unary_(name: str, ufunc: Any) -> Callable[[Tensor], Tensor]:
+    """The in-place method ``name`` (``exp_``, ...): ``ufunc`` applied to the tensor's own array."""
+
+    def method(self: Tensor) -> Tensor:
+        check_inplace(self, name)
+        return inplace(self, lambda a: ufunc(a, out=a, casting="unsafe"))
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def sigmoid_(self: Tensor) -> Tensor:
+    check_inplace(self, "sigmoid_")
+
+    def f(a: np.ndarray) -> None:
+        np.negative(a, out=a)
+        np.exp(a, out=a)
+        np.add(a, 1, out=a, casting="unsafe")
+        np.reciprocal(a, out=a)
+
+    return inplace(self, f)
+
+def relu_(self: Tensor) -> Tensor:
+    check_inplace(self, "relu_")
+    return inplace(self, lambda a: np.maximum(a, 0, out=a, casting="unsafe"))
+
+def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    check_inplace(self, "clamp_")
+    if min is None and max is None:
+        raise ValueError("clamp_: at least one of min and max must be given")
+    return inplace(self, lambda a: np.clip(a, min, max, out=a, casting="unsafe"))
+
+def div_(self: Tensor, other: Any) -> Tensor:
+    return _iop(self, other, np.true_divide, "div_")
+
+def pow_(self: Tensor, other: Any) -> Tensor:
+    return _iop(self, other, np.power, "pow_")
+
+
+def masked_fill_(self: Tensor, mask: Any, value: Any) -> Tensor:
+    check_inplace(self, "masked_fill_")
+    return inplace(self, lambda a, m: np.copyto(a, value, casting="unsafe", where=m), mask)
+

@@ -1,24 +1,13 @@
-"""The gradient layout contract (see DESIGN.md) and AccumulateGrad.
+"""The gradient layout contract's predicates (see DESIGN.md): which strides a parameter's gradient gets.
 
-A dense, non-overlapping parameter gets a `.grad` with its own strides (C, Fortran, channels-last, any
-permutation); any other parameter gets a C-contiguous `.grad`. An incoming gradient that already obeys
-and has no other owner is stolen; otherwise it is copied into a contract-obeying buffer. Accumulating onto
-an existing `.grad` is in place (keeping that tensor's layout), or out of place under create_graph.
+A dense, non-overlapping array's gradient has its strides (C, Fortran, channels-last, any permutation);
+any other array's gradient is C-contiguous. Accumulation (`asyncgrad.autograd`), DDP buckets and the RPC
+wire all decide by these.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Any
-
 import numpy as np
-
-from ..devices import private_base
-from . import _grad_mode
-from ._dispatch import wait_for
-from ._inplace import inplace
-from ._runtime import current_stream
-from ._tensor import Tensor
 
 
 def is_dense_nonoverlapping(a: np.ndarray) -> bool:
@@ -34,6 +23,7 @@ def is_dense_nonoverlapping(a: np.ndarray) -> bool:
     return True
 
 
+
 def obeys_contract(grad: np.ndarray, param: np.ndarray) -> bool:
     """Does ``grad`` have the layout the contract asks for ``param``? (strides compared on dims > 1)"""
     if grad.shape != param.shape or grad.dtype != param.dtype:
@@ -47,6 +37,7 @@ def obeys_contract(grad: np.ndarray, param: np.ndarray) -> bool:
     return bool(grad.flags.c_contiguous)
 
 
+
 def empty_like_contract(param: np.ndarray) -> np.ndarray:
     """An uninitialised buffer with the layout the contract gives ``param``'s gradient."""
     if not is_dense_nonoverlapping(param):
@@ -56,132 +47,3 @@ def empty_like_contract(param: np.ndarray) -> np.ndarray:
     buf = np.empty([param.shape[i] for i in order], param.dtype)
     out = buf.transpose(np.argsort(order))
     return out
-
-
-def accumulate(
-    rt: Any, leaf: Any, g: Any, create_graph: bool, unique: bool | None, batches: dict[Any, list[Any]]
-) -> None:
-    """Fold gradient ``g`` into ``leaf.grad`` following the layout contract (see module docstring).
-
-    ``unique``: nobody but the caller holds ``g`` (so its buffer may be stolen if its layout obeys);
-    None when ``g`` is still being computed: the queued steal-or-copy kernel then counts its references.
-    When ``g`` is still being computed, the steal-or-copy decision runs as a kernel on the stream, so the
-    backward pass never waits for its kernels; such decisions are collected in ``batches`` (per stream)
-    and queued as one kernel per stream by `submit_steals`.
-    """
-    old = leaf._grad
-    if old is None:
-        if create_graph and g._rg:
-            param = leaf._value()
-            if unique and obeys_contract(g._value(), param):
-                leaf._grad = g
-                rt.grads_stolen += 1
-            else:
-                from ._ops_elementwise import copy_to_layout
-
-                leaf._grad = copy_to_layout(g, param)
-                rt.grads_copied += 1
-            return
-        if _is_ready(g) and _is_ready(leaf):
-            garr, param = g._value(), leaf._value()
-            if unique and obeys_contract(garr, param):
-                leaf._grad = g if g._grad_fn is None else Tensor._wrap(garr, g._dev)
-                rt.grads_stolen += 1
-            else:
-                buf = Tensor._wrap(empty_like_contract(param), leaf._dev)
-                leaf._grad = inplace(buf, np.copyto, g)
-                rt.grads_copied += 1
-            return
-        leaf._grad = _steal_or_copy_queued(rt, leaf, g, unique, batches)
-        return
-    if create_graph or (_grad_mode.is_grad_enabled() and g._rg):
-        leaf._grad = old + g
-    else:
-        inplace(old, _add_into, g)
-    rt.grads_accumulated += 1
-
-
-def undo_record(leaf: Any, g: Any, create_graph: bool) -> tuple[Any, Tensor | None, list[Any] | None]:
-    """What `undo` needs to put ``leaf.grad`` back as it is now, before `accumulate` folds ``g`` into it.
-
-    ``.grad`` is kept as an object; when `accumulate` will add into it in place, a copy of its values (in
-    its own layout) is taken too, in stream order before the add.
-    """
-    old = leaf._grad
-    if old is None or create_graph or (_grad_mode.is_grad_enabled() and g._rg):
-        return (leaf, old, None)  # no .grad yet, or out-of-place accumulation: the old object is untouched
-    box: list[Any] = []
-    inplace(old, lambda a: box.append(a.copy(order="K")), write=False)  # a read: no version bump
-    return (leaf, old, box)
-
-
-def undo(records: list[tuple[Any, Tensor | None, list[Any] | None]]) -> None:
-    """Put every ``.grad`` in ``records`` back: the same tensor object, with its values (and strides) as
-    they were when its record was taken, whatever was written into it or into ``.grad`` since."""
-    for leaf, old, box in reversed(records):
-        if box is not None:
-            inplace(old, lambda a, box=box: np.copyto(a, box[0]))  # type: ignore[misc]
-        leaf._grad = old
-
-
-def _is_ready(t: Any) -> bool:
-    s = t._stream
-    return t._data is not None and (s is None or s._completed >= t._seq)
-
-
-def _steal_or_copy_queued(
-    rt: Any, leaf: Any, g: Any, unique: bool | None, batches: dict[Any, list[Any]]
-) -> Any:
-    # queue it behind g's own kernel, on g's stream: a leaf's owner that got the commit in its own task
-    # (not started yet, or busy, when the pass finished) would otherwise take a stream of its own, and every such
-    # commit would cost a cross-stream event and a lane blocked on it
-    gs = g._stream
-    stream = gs if gs is not None and gs.device is leaf._dev else current_stream(leaf._dev)
-    wait_for(g, stream)
-    wait_for(leaf, stream)
-    out = Tensor._pending(leaf._shape, leaf._dtype, leaf._dev, stream)
-    batch = batches.get(stream)
-    if batch is None:
-        batch = batches[stream] = []
-    batch.append([rt, leaf, g, out, unique])
-    return out
-
-
-def submit_steals(batches: dict[Any, list[Any]]) -> None:
-    """Queue the steal-or-copy decisions collected by `accumulate`: one kernel per stream for all its leaves
-    (the `.grad` tensors it fills are pending on it until then)."""
-    for stream, items in batches.items():
-
-        def job(items: list[Any] = items) -> None:
-            for item in items:
-                _steal_or_copy(item)
-
-        seq = stream.submit(job)
-        for item in items:
-            item[3]._seq = seq
-    batches.clear()
-
-
-def _steal_or_copy(item: list[Any]) -> None:
-    rt, leaf, out, unique = item[0], item[1], item[3], item[4]
-    g = item[2]
-    item.clear()  # g is held by the local `g` alone now (the kernel that computed it has let go of it)
-    garr, param = g._data, leaf._data
-    steal = unique
-    if steal is None:
-        # the kernel that computed g has run (stream order) and let go of it: g is held by `g` alone
-        # (+ getrefcount's argument), its array by g and `garr`; the kernel marked g if its rule handed one
-        # array back for two inputs
-        steal = sys.getrefcount(g) == 2 and sys.getrefcount(garr) == 3 and not g.__dict__.get("_aliased", False)
-    if steal and private_base(garr) and obeys_contract(garr, param):
-        out._data = garr
-        rt.grads_stolen += 1
-    else:
-        buf = empty_like_contract(param)
-        np.copyto(buf, garr)
-        out._data = buf
-        rt.grads_copied += 1
-
-
-def _add_into(a: np.ndarray, b: np.ndarray) -> None:
-    np.add(a, b, out=a, casting="unsafe")

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ._tensor import Tensor
+
 _default_float: np.dtype[Any] = np.dtype(np.float32)
 _default_complex: np.dtype[Any] = np.dtype(np.complex64)
 
@@ -73,8 +75,6 @@ def _combine(higher: np.dtype[Any] | None, lower: np.dtype[Any] | None) -> np.dt
         return promote_types(higher, lower)
     return higher
 
-
-Tensor: Any = None  # set by _tensor once the class exists (this module imports only numpy)
 
 # wrapped numbers: Python scalars by type; "f" and "c" stand for the default float / complex dtype
 _PY_KEYS: dict[type, Any] = {float: "f", int: _INT64, bool: _BOOL, complex: "c"}

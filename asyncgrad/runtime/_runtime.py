@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..devices import DEFAULT_LANE_NICE, CPUDevice, Device, Stream
+from ..devices import DEFAULT_LANE_NICE, CPUDevice, Device, Stream, Synchronize
 
 _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("asyncgrad_runtime", default=None)
 
@@ -183,13 +183,7 @@ class Runtime:
         """Wait until every stream of every device has finished its work."""
         for name, d in self.devices.items():
             if name != "cpu":
-                await d.call(_sync_msg())
-
-
-def _sync_msg() -> Any:
-    from ..devices import Synchronize
-
-    return Synchronize()
+                await d.call(Synchronize())
 
 
 @asynccontextmanager

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import builtins
 import warnings
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
 
-from ..devices import Device, Stream, add_scaled
-from . import _dispatch, _grad_mode, _promote
-from ._dispatch import share_version
-from ._runtime import _task_streams, current_runtime
+from ..devices import Device, Stream
+from ._runtime import _task_streams
 
 _INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
 
@@ -40,7 +38,7 @@ class Tensor:
 
     _seq = 0  # sequence number of the kernel producing the value on `_stream` (when pending)
     # PyTorch's version counter: a one-int cell, bumped by `_inplace.inplace` only and checked by the
-    # backward of nodes that saved this tensor. Views share their base's cell (`_dispatch.share_version`),
+    # backward of nodes that saved this tensor. Views share their base's cell (`share_version`),
     # so a write through any of them is seen. Made on first write or view (in __dict__), so new tensors cost
     # nothing; `_version` reads it
     _vc: list[int] | None = None
@@ -87,7 +85,7 @@ class Tensor:
     def __init__(self, *a: Any, **k: Any) -> None:
         raise TypeError("create tensors with asyncgrad.tensor(...), asyncgrad.zeros(...) and friends")
 
-    if TYPE_CHECKING:  # installed by the op families (_ops_*.py), next to their forwards and rules
+    if TYPE_CHECKING:  # bound in `asyncgrad._tensor_methods`, from the op families and autograd
         def __add__(self, o: Any) -> Tensor: ...
         def __radd__(self, o: Any) -> Tensor: ...
         def __sub__(self, o: Any) -> Tensor: ...
@@ -221,21 +219,6 @@ class Tensor:
                 )
         self._grad = value
 
-    def retain_grad(self) -> None:
-        """Keep `.grad` for this non-leaf tensor after backward."""
-        if not self._rg:
-            raise RuntimeError(
-                "retain_grad() on a tensor that does not require grad: it will never get a gradient; "
-                "make the tensors it comes from require grad first"
-            )
-        if self._grad_fn is None:
-            return
-        if not self._retains_grad:
-            self._retains_grad = True
-            from ._hooks import tensor_retain_grad
-
-            tensor_retain_grad(self)
-
     @property
     def retains_grad(self) -> bool:
         return self._retains_grad
@@ -244,7 +227,7 @@ class Tensor:
 
     def _value(self) -> np.ndarray:
         s = self._stream
-        if s is not None and s._completed < self._seq:
+        if s is not None and s.completed < self._seq:
             s.synchronize_blocking(self._seq)
         elif s is not None:
             s.check_error()
@@ -269,7 +252,7 @@ class Tensor:
         ts = _task_streams.get()
         if ts is not None:
             s = ts.by_device.get(self._dev)
-            if s is not None and s._completed < s._submitted:
+            if s is not None and s.completed < s.submitted:
                 s.synchronize_blocking()
         return data
 
@@ -288,7 +271,7 @@ class Tensor:
     async def ready(self) -> Tensor:
         """Wait, without blocking the event loop, until this tensor's value is computed."""
         s = self._stream
-        if s is not None and s._completed < self._seq:
+        if s is not None and s.completed < self._seq:
             await s.synchronize(self._seq)
         else:
             await trio.lowlevel.checkpoint()
@@ -344,57 +327,10 @@ class Tensor:
 
     # ---- graph-free copies -----------------------------------------------------------------------
 
-    def detach(self) -> Tensor:
-        """A tensor sharing this one's value (and version counter), outside the graph."""
-        return self._detached(True)
-
-    def _detached(self, share: builtins.bool) -> Tensor:
-        if self._stream is None or self._stream._completed >= self._seq:
-            t = Tensor._wrap(self._value(), self._dev)
-            if share:
-                share_version(self, t)
-            return t
-        from ._ops_shape import alias
-
-        return alias(self, share)
-
     def detach_(self) -> Tensor:
         self._grad_fn = None
         self._rg = False
         return self
-
-    def clone(self) -> Tensor:
-        from ._ops_elementwise import clone
-
-        return clone(self)
-
-    def contiguous(self) -> Tensor:
-        """This tensor if it is C-contiguous, else a C-contiguous copy (differentiable)."""
-        if self._stream is None and self._data is not None and self._data.flags.c_contiguous:
-            return self
-        from ._ops_elementwise import contiguous
-
-        return contiguous(self)
-
-    def to(self, device: Any = None, dtype: Any = None, *, copy: bool = False) -> Tensor:
-        """Move to ``device`` and/or convert to ``dtype`` (differentiable for float dtypes)."""
-        if device is not None and not isinstance(device, (str, Device)):
-            device, dtype = None, device  # t.to(dtype)
-        t = self
-        if dtype is not None and np.dtype(dtype) != self._dtype:
-            from ._ops_elementwise import astype
-
-            t = astype(t, np.dtype(dtype))
-        if device is not None:
-            rt = current_runtime("Tensor.to")
-            dev = rt.device(device)
-            if dev is not t._dev:
-                from ._ops_elementwise import to_device
-
-                t = to_device(t, dev)
-        if copy and t is self:
-            t = self.clone()
-        return t
 
     def float(self) -> Tensor:
         return self.to(dtype=np.float32)
@@ -436,26 +372,6 @@ class Tensor:
             raise RuntimeError(f"t() expects a tensor with <= 2 dims, got shape {self._shape}; use transpose()")
         return self if self.ndim < 2 else self.transpose(0, 1)  # type: ignore[attr-defined,no-any-return]
 
-    def where(self, condition: Any, other: Any) -> Tensor:
-        """This tensor where ``condition``, else ``other``."""
-        from ._ops_elementwise import where
-
-        return where(condition, self, other)
-
-    def uniform_(self, a: builtins.float = 0.0, b: builtins.float = 1.0, *, generator: Any = None) -> Tensor:
-        """Fill with uniform samples from [a, b), drawn now from ``generator`` (default: the thread's)."""
-        from ._factories import default_generator
-
-        vals = (generator or default_generator()).uniform(a, b, self._shape).astype(self._dtype)
-        return self.copy_(vals)
-
-    def normal_(self, mean: builtins.float = 0.0, std: builtins.float = 1.0, *, generator: Any = None) -> Tensor:
-        """Fill with normal samples, drawn now from ``generator`` (default: the thread's)."""
-        from ._factories import default_generator
-
-        vals = (generator or default_generator()).normal(mean, std, self._shape).astype(self._dtype)
-        return self.copy_(vals)
-
     def cpu(self) -> Tensor:
         """This tensor on the default CPU device (itself when it is there already)."""
         return self.to("cpu")
@@ -464,14 +380,8 @@ class Tensor:
         """Whether the value is C-contiguous (waits for the value)."""
         return builtins.bool(self._value().flags.c_contiguous)
 
-    @property
-    def data(self) -> Tensor:
-        """A tensor sharing this one's value outside the graph, as ``detach()`` but with a version counter
-        of its own (PyTorch's ``.data``: in-place writes through it are not seen by autograd)."""
-        return self._detached(False)
-
-    @data.setter
-    def data(self, value: Tensor) -> None:
+    def _set_data(self, value: Tensor) -> None:
+        """The setter of `data` (bound with its getter in `asyncgrad._tensor_methods`)."""
         # PyTorch swaps the storage under the tensor, keeping its autograd identity
         if not isinstance(value, Tensor):
             raise TypeError(f"data must be set to a Tensor, got {type(value).__name__}")
@@ -508,183 +418,6 @@ class Tensor:
     ) -> Tensor:
         return self._new(np.full(_size((size,)), fill_value, dtype or self._dtype), requires_grad)
 
-    # ---- autograd --------------------------------------------------------------------------------
-
-    def backward(
-        self,
-        gradient: Tensor | None = None,
-        *,
-        retain_graph: builtins.bool | None = None,
-        create_graph: builtins.bool = False,
-        inputs: Sequence[Tensor] | Tensor | None = None,
-    ) -> Awaitable[None]:
-        """Accumulate the gradient of this tensor into the `.grad` of the leaves: ``await t.backward()``.
-
-        Argument checks happen at the call; the returned awaitable runs the pass.
-        """
-        return _autograd.backward(  # type: ignore[no-any-return]
-            [self],
-            None if gradient is None else [gradient],
-            retain_graph=retain_graph,
-            create_graph=create_graph,
-            inputs=inputs,
-        )
-
-    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Any:
-        """Call ``hook(grad)`` when the gradient w.r.t. this tensor is computed; it may return a new grad.
-
-        Returns a handle whose ``remove()`` removes exactly this hook.
-        """
-        from ._hooks import tensor_register_hook
-
-        return tensor_register_hook(self, hook)
-
-    def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> Any:
-        """Call ``hook(tensor)`` after `.grad` of this leaf has been updated by a backward pass."""
-        from ._hooks import tensor_register_post_accumulate_hook
-
-        return tensor_register_post_accumulate_hook(self, hook)
-
-    # ---- in-place helpers used by optimizers and zero_grad ---------------------------------------
-
-    def zero_(self) -> Tensor:
-        self._check_inplace("zero_")
-        return _inplace.inplace(self, lambda a: a.fill(0))
-
-    def fill_(self, value: builtins.float) -> Tensor:
-        self._check_inplace("fill_")
-        return _inplace.inplace(self, lambda a: a.fill(value))
-
-    def copy_(self, src: Tensor | np.ndarray) -> Tensor:
-        self._check_inplace("copy_", src)
-        return _inplace.inplace(self, lambda a, s: np.copyto(a, s), src)
-
-    def add_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
-        self._check_inplace("add_", other)
-        if alpha == 1.0:
-            return _inplace.inplace(self, lambda a, o: np.add(a, o, out=a, casting="unsafe"), other)
-        return _inplace.inplace(self, lambda a, o: add_scaled(a, alpha, o), other)
-
-    def mul_(self, other: Any) -> Tensor:
-        self._check_inplace("mul_", other)
-        return _inplace.inplace(self, lambda a, o: np.multiply(a, o, out=a, casting="unsafe"), other)
-
-    def sub_(self, other: Any, *, alpha: builtins.float = 1.0) -> Tensor:
-        return self.add_(other, alpha=-alpha)
-
-    def __iadd__(self, other: Any) -> Tensor:
-        return self._iop(other, np.add, "add")
-
-    def __isub__(self, other: Any) -> Tensor:
-        return self._iop(other, np.subtract, "sub")
-
-    def __imul__(self, other: Any) -> Tensor:
-        return self._iop(other, np.multiply, "mul")
-
-    def __itruediv__(self, other: Any) -> Tensor:
-        return self._iop(other, np.true_divide, "div")
-
-    def _iop(self, other: Any, ufunc: Any, name: str) -> Tensor:
-        self._check_inplace(name, other)
-        if type(other) is Tensor and other._defer is False and "_scaled" in other.__dict__:
-            # `p -= lr * g`: one pass over memory, without the temporary, when `lr * g` is not used elsewhere
-            done = _inplace.scaled_update(self, other, ufunc)
-            if done is not None:
-                return done
-        return _inplace.inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
-
-    def _check_inplace(self, name: str, *values: Any) -> None:
-        if not _grad_mode._grad_enabled.get():
-            return
-        if self._rg:
-            raise RuntimeError(
-                f"in-place {name} on a tensor that requires grad while grad mode is on would corrupt the "
-                "graph; use `with asyncgrad.no_grad():` or an out-of-place op"
-            )
-        for v in values:
-            if isinstance(v, Tensor) and v._rg:
-                # PyTorch would record the write in the graph; asyncgrad records no in-place op, and
-                # silently dropping the value's gradient would give wrong gradients
-                raise RuntimeError(
-                    f"in-place {name} writes a value that requires grad (shape {v._shape}) into a tensor "
-                    "outside the graph, so its gradient would be lost; build the result out of place "
-                    "(asyncgrad.where, stack, concat, ...) or write value.detach() if no gradient should flow"
-                )
-
-    def __setitem__(self, idx: Any, value: Any) -> None:
-        """``t[idx] = value`` in place, in stream order (indexing as in ``t[idx]``).
-
-        Like the other in-place ops, only on tensors outside the graph: a tensor that requires grad
-        needs ``with asyncgrad.no_grad():`` (as PyTorch requires for a leaf), or an out-of-place
-        formulation such as `asyncgrad.where`.
-        """
-        self._check_inplace("assignment (t[idx] = value)", value)
-        from ._ops_shape import setitem_parts
-
-        tensors, assign = setitem_parts(idx)
-        _inplace.inplace(self, assign, value, *tensors)
-
-    # in-place forms of unary ops (out-of-place ones are installed by the op modules)
-
-    def _unary_(self, name: str, ufunc: Any) -> Tensor:
-        self._check_inplace(name)
-        return _inplace.inplace(self, lambda a: ufunc(a, out=a, casting="unsafe"))
-
-    def exp_(self) -> Tensor:
-        return self._unary_("exp_", np.exp)
-
-    def log_(self) -> Tensor:
-        return self._unary_("log_", np.log)
-
-    def sqrt_(self) -> Tensor:
-        return self._unary_("sqrt_", np.sqrt)
-
-    def tanh_(self) -> Tensor:
-        return self._unary_("tanh_", np.tanh)
-
-    def abs_(self) -> Tensor:
-        return self._unary_("abs_", np.abs)
-
-    def neg_(self) -> Tensor:
-        return self._unary_("neg_", np.negative)
-
-    def sigmoid_(self) -> Tensor:
-        self._check_inplace("sigmoid_")
-
-        def f(a: np.ndarray) -> None:
-            np.negative(a, out=a)
-            np.exp(a, out=a)
-            np.add(a, 1, out=a, casting="unsafe")
-            np.reciprocal(a, out=a)
-
-        return _inplace.inplace(self, f)
-
-    def relu_(self) -> Tensor:
-        self._check_inplace("relu_")
-        return _inplace.inplace(self, lambda a: np.maximum(a, 0, out=a, casting="unsafe"))
-
-    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:
-        self._check_inplace("clamp_")
-        if min is None and max is None:
-            raise ValueError("clamp_: at least one of min and max must be given")
-        return _inplace.inplace(self, lambda a: np.clip(a, min, max, out=a, casting="unsafe"))
-
-    def div_(self, other: Any) -> Tensor:
-        return self._iop(other, np.true_divide, "div_")
-
-    def pow_(self, other: Any) -> Tensor:
-        return self._iop(other, np.power, "pow_")
-
-    def masked_fill(self, mask: Any, value: Any) -> Tensor:
-        """``value`` where ``mask`` is True, else this tensor (differentiable w.r.t. this tensor)."""
-        from ._ops_elementwise import where
-
-        return where(mask, value, self)
-
-    def masked_fill_(self, mask: Any, value: Any) -> Tensor:
-        self._check_inplace("masked_fill_")
-        return _inplace.inplace(self, lambda a, m: np.copyto(a, value, casting="unsafe", where=m), mask)
-
 
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
     """Sizes given as ``f(2, 3)`` or ``f((2, 3))``."""
@@ -693,9 +426,19 @@ def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
     return tuple(builtins.int(n) for n in size)
 
 
-_dispatch.Tensor = Tensor  # type: ignore[attr-defined]
-_promote.Tensor = Tensor  # type: ignore[attr-defined]
+def is_ready(t: Tensor) -> builtins.bool:
+    """Whether ``t``'s value is computed: it has an array, and the kernel writing it (if any) has completed.
 
-# bound here, below Tensor, because both import this module: a function-level import costs ~1.5 us per call
-# on the per-op path
-from . import _autograd, _inplace  # noqa: E402
+    The one readiness test of a tensor (kernels decide by it whether to run inline or queue behind).
+    """
+    s = t._stream
+    return t._data is not None and (s is None or s.completed >= t._seq)
+
+
+def share_version(base: Any, view: Any) -> None:
+    """``view`` shares ``base``'s memory: give it ``base``'s version counter (PyTorch's views), so an in-place
+    write through either one is seen by a backward that saved the other."""
+    vc = base._vc
+    if vc is None:
+        vc = base._vc = [0]
+    view._vc = vc

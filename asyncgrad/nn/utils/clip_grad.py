@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime import Tensor, clamp, isfinite, no_grad, norm, stack, tensor
+from ...ops import clamp, isfinite, norm, stack
+from ...runtime import Tensor, no_grad, tensor
 
 __all__ = ["clip_grad_norm", "clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm"]
 

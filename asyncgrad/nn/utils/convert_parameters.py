@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...runtime import Tensor, concat, no_grad
+from ...ops import concat
+from ...runtime import Tensor, no_grad
 
 __all__ = ["parameters_to_vector", "vector_to_parameters"]
 

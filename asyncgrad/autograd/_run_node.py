@@ -11,9 +11,11 @@ import contextvars
 from typing import Any
 
 from ..devices import INLINE_MAX_ELEMENTS, Stream
-from ._dispatch import OpNode, _camel, check_saved_versions, wait_for
-from ._tensor import Tensor
-from ._xp import AG, NP, sum_to
+from ..runtime._dispatch import wait_for
+from ..runtime._node import OpNode, check_saved_versions
+from ..runtime._op import camel
+from ..runtime._tensor import Tensor, is_ready
+from ..runtime._xp import AG, NP, sum_to
 
 
 class BackwardError(RuntimeError):
@@ -43,11 +45,6 @@ in_plain_backward: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-def _ready(t: Any) -> bool:
-    s = t._stream
-    return t._data is not None and (s is None or s._completed >= t._seq)
-
-
 def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     """Run the node's rule on numpy arrays: inline when tiny and ready, else as one kernel on its stream."""
     check_saved_versions(node)  # here on the loop, before anything is queued (the kernel reads `_data` later)
@@ -55,12 +52,12 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     out = node.out
     gd = g._data
     s = g._stream
-    if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and (s is None or s._completed >= g._seq):
+    if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and (s is None or s.completed >= g._seq):
         arrays = []
         for a in args:
             if isinstance(a, Tensor):
                 s = a._stream
-                if (s is not None and s._completed < a._seq) or a._data is None:
+                if (s is not None and s.completed < a._seq) or a._data is None:
                     break
                 arrays.append(a._data)
             else:
@@ -68,7 +65,7 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
         else:
             if out is None:
                 gs = run_rule(node, NP, gd, arrays, None)
-            elif _ready(out):
+            elif is_ready(out):
                 gs = run_rule(node, NP, gd, arrays, out._data)
             else:
                 gs = None
@@ -120,7 +117,7 @@ class _NodeView:
         self.op, self.kw, self.needs = op, kw, needs
 
     def name(self) -> str:
-        return f"{_camel(self.op.name)}Backward0"
+        return f"{camel(self.op.name)}Backward0"
 
 
 def run_rule(node: Any, xp: Any, g: Any, arrays: list[Any], out: Any) -> list[Any]:
@@ -149,16 +146,10 @@ def run_rule(node: Any, xp: Any, g: Any, arrays: list[Any], out: Any) -> list[An
     return res
 
 
-def ag_namespace() -> Any:
-    if not hasattr(AG, "sum"):
-        AG._bind()
-    return AG
-
-
 def apply_op_graph(node: OpNode, g: Tensor) -> list[Any]:
     """``create_graph=True``: run the rule with asyncgrad ops so the backward is recorded."""
     check_saved_versions(node)
-    return run_rule(node, ag_namespace(), g, list(node.args or ()), node.out)
+    return run_rule(node, AG, g, list(node.args or ()), node.out)
 
 
 def apply_function(node: Any, gouts: list[Any]) -> list[Any]:
@@ -203,7 +194,7 @@ def check_function_grads(node: Any, r: Any) -> list[Any]:
         shape = node.in_shapes[i]
         if g._shape != shape:
             try:
-                g = sum_to(ag_namespace(), g, shape)
+                g = sum_to(AG, g, shape)
             except ValueError:
                 raise BackwardError(
                     f"{node.name()}: backward returned a gradient of shape {g._shape} for input {i}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from typing import Any
 
 import numpy as np
@@ -16,9 +17,13 @@ from ..devices import (
     lane_empty,
     run_parts,
 )
-from ._dispatch import OpError, apply, broadcast_shapes, defop
-from ._tensor import Tensor
-from ._xp import NP, sum_to
+from ..runtime._dispatch import apply
+from ..runtime._meta import broadcast_shapes
+from ..runtime._op import OpError, defop
+from ..runtime._tensor import Tensor
+from ..runtime._xp import register_xp, sum_to
+from ._elementwise import where
+from ._shape import broadcast_to, expand_dims
 
 _meta_cache: dict[tuple[Any, ...], tuple[tuple[int, ...], np.dtype[Any]]] = {}
 
@@ -146,16 +151,6 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return apply(OP_MATMUL, (a, b))
 
 
-def _install() -> None:
-    NP.matmul = staticmethod(matmul_kernel)  # type: ignore[assignment,arg-type]
-    Tensor.__matmul__ = lambda s, o: apply(OP_MATMUL, (s, o))  # type: ignore[attr-defined,method-assign]
-    Tensor.__rmatmul__ = lambda s, o: apply(OP_MATMUL, (o, s))  # type: ignore[attr-defined,method-assign]
-    Tensor.matmul = matmul  # type: ignore[attr-defined,method-assign]
-
-
-_install()
-
-
 # ---- mm, bmm, dot, outer, addmm: matmul with PyTorch's stricter shape and dtype checks --------------------
 
 
@@ -216,7 +211,6 @@ def dot(input: Tensor, other: Tensor) -> Tensor:
 
 def outer(input: Tensor, vec2: Tensor) -> Tensor:
     """The outer product ``input[i] * vec2[j]`` of two 1-D tensors, like ``torch.outer``."""
-    from ._ops_shape import expand_dims
 
     _ndims("outer", 1, input=input, vec2=vec2)
     return expand_dims(input, 1) * expand_dims(vec2, 0)
@@ -227,8 +221,6 @@ def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: An
 
     With ``beta=0`` the input is ignored (its NaN and inf do not propagate; its gradient is 0), as PyTorch.
     """
-    from ._ops_elementwise import where
-    from ._ops_shape import broadcast_to
 
     _mm_check("addmm", mat1, mat2)
     shape = (mat1.shape[0], mat2.shape[1])
@@ -248,9 +240,121 @@ def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: An
     return p + (input if beta == 1 else input * beta)
 
 
-def _install_more() -> None:
-    for f in (mm, bmm, dot, outer, addmm):
-        setattr(Tensor, f.__name__, f)
+def _parse_einsum(equation: str, shapes: list[tuple[int, ...]]) -> tuple[list[str], str]:
+    """Explicit subscripts (no ellipsis, explicit output) for ``equation`` on operands of ``shapes``."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise OpError(
+            f"einsum: equation {equation!r} names {len(terms)} operands but {len(shapes)} were given"
+        )
+    used = set(eq) - set(".,->")
+    for c in used:
+        if c not in string.ascii_letters:
+            raise OpError(f"einsum: subscripts must be letters, got {c!r} in {equation!r}")
+    free = [c for c in string.ascii_letters if c not in used]
+    n_ell = 0
+    for t, s in zip(terms, shapes):
+        if "..." in t:
+            n_ell = max(n_ell, len(s) - (len(t) - 3))
+    ell = "".join(free[:n_ell])
+    out_terms = []
+    for t, s in zip(terms, shapes):
+        if "..." in t:
+            k = len(s) - (len(t) - 3)
+            if k < 0:
+                raise OpError(f"einsum: operand of shape {s} has fewer dims than subscripts {t!r}")
+            t = t.replace("...", ell[n_ell - k :])
+        if len(t) != len(s):
+            raise OpError(f"einsum: subscripts {t!r} do not match an operand with {len(s)} dims (shape {s})")
+        out_terms.append(t)
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:
+        letters = "".join(out_terms)
+        out = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+    return out_terms, out
 
 
-_install_more()
+def _einsum_meta(*ops: Any, terms: list[str], out: str) -> Any:
+    sizes: dict[str, int] = {}
+    for t, o in zip(terms, ops):
+        for c, n in zip(t, o.shape):
+            m = sizes.get(c, 1)
+            if m != n and m != 1 and n != 1:
+                raise OpError(f"einsum: subscript {c!r} has sizes {m} and {n} in different operands")
+            sizes[c] = max(m, n) if n != 1 else m
+    for c in out:
+        if c not in sizes:
+            raise OpError(f"einsum: output subscript {c!r} appears in no operand")
+    if len(set(out)) != len(out):
+        raise OpError(f"einsum: output subscripts {out!r} repeat a letter")
+    dt = np.result_type(*[o.dtype for o in ops])
+    return tuple(sizes[c] for c in out), dt
+
+
+def _einsum_kernel(*ops: np.ndarray, terms: list[str], out: str) -> np.ndarray:
+    eq = ",".join(terms) + "->" + out
+    big = len(ops) > 2 or sum(o.size for o in ops) > 4096
+    return np.asarray(np.einsum(eq, *ops, optimize="greedy" if big and len(ops) > 1 else False))
+
+
+def _einsum_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    terms, o = kw["terms"], kw["out"]
+    grads: list[Any] = []
+    for k, (t, need) in enumerate(zip(terms, needs)):
+        if not need:
+            grads.append(None)
+            continue
+        others = [(terms[j], args[j]) for j in range(len(terms)) if j != k]
+        avail = set(o).union(*[set(tj) for tj, _ in others])
+        uniq = "".join(dict.fromkeys(t))
+        have = "".join(c for c in uniq if c in avail)
+        eq = ",".join([o, *[tj for tj, _ in others]]) + "->" + have
+        gk = xp.einsum(eq, g, *[a for _, a in others])
+        shape = tuple(args[k].shape)
+        size = {c: n for c, n in zip(t, shape)}
+        if len(have) < len(uniq):  # letters summed away in this operand alone: broadcast back
+            pos = [i for i, c in enumerate(uniq) if c not in avail]
+            gk = xp.expand_dims(gk, tuple(pos))
+            gk = xp.broadcast_to(
+                gk, tuple(size[c] if c not in avail else gk.shape[i] for i, c in enumerate(uniq))
+            )
+        if len(uniq) < len(t):  # repeated letters (a diagonal): scatter onto it
+            u = len(uniq)
+            idx = tuple(
+                np.arange(size[c]).reshape([-1 if uniq.index(c) == q else 1 for q in range(u)]) for c in t
+            )
+            gk = xp.index_add(shape, idx, gk)
+        grads.append(gk)
+    return tuple(grads)
+
+
+OP_EINSUM = defop("einsum", _einsum_kernel, _einsum_meta, _einsum_rule)
+
+
+def einsum(equation: str, *operands: Any) -> Tensor:
+    """Einstein summation like ``torch.einsum`` (ellipsis, implicit output, broadcasting of size-1 dims)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    for o in operands:
+        if not isinstance(o, Tensor):
+            raise TypeError(f"einsum: operands must be Tensors, got {type(o).__name__}")
+    terms, out = _parse_einsum(equation, [tuple(o.shape) for o in operands])
+    return apply(OP_EINSUM, tuple(operands), {"terms": terms, "out": out})
+
+
+def np_einsum(eq: str, *ops: np.ndarray) -> np.ndarray:
+    terms, out = eq.split("->")
+    return _einsum_kernel(*ops, terms=terms.split(","), out=out)
+
+
+def ag_einsum(eq: str, *ops: Tensor) -> Tensor:
+    terms, out = eq.split("->")
+    return apply(OP_EINSUM, tuple(ops), {"terms": terms.split(","), "out": out})
+
+
+# the rule namespaces' products (see `runtime._xp`): the numpy side is the lane-aware kernel
+register_xp("matmul", matmul_kernel, matmul)
+register_xp("einsum", np_einsum, ag_einsum)

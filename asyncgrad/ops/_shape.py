@@ -1,11 +1,4 @@
-"""More shape ops with PyTorch's names and semantics.
-
-chunk, split, unbind, narrow, flip, roll, movedim/moveaxis, swapaxes/swapdims, unflatten, repeat (PyTorch's,
-numpy's ``tile``), repeat_interleave, tril/triu, diag, trace.
-
-Most are compositions of differentiable views (slicing, permute, reshape, broadcast_to, index_add), so their
-gradients and second derivatives come from those; tril/triu are ops of their own (a masked copy).
-"""
+"""Shape ops: views and rearrangements (reshape, transpose, permute, broadcast, concat, stack, indexing)."""
 
 from __future__ import annotations
 
@@ -15,9 +8,246 @@ from typing import Any
 
 import numpy as np
 
-from . import _ops_shape as S
-from ._dispatch import OpError, apply, defop, norm_dim
-from ._tensor import Tensor
+from ..runtime._dispatch import apply
+from ..runtime._meta import norm_dim
+from ..runtime._op import OpError, defop
+from ..runtime._promote import result_type
+from ..runtime._tensor import Tensor
+from ..runtime._xp import register_xp
+from ._index import getitem, index_add, index_select
+
+
+def _shape_arg(shape: Any) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    return tuple(int(s) for s in shape)
+
+
+# ---- reshape ----------------------------------------------------------------------------------------
+
+
+def _reshape_meta(a: Tensor, shape: tuple[int, ...]) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    n = a.numel()
+    if shape.count(-1) > 1:
+        raise OpError(f"reshape: only one dimension can be -1, got shape {shape}")
+    if -1 in shape:
+        rest = math.prod(s for s in shape if s != -1)
+        if rest == 0 or n % rest:
+            raise OpError(f"reshape: shape {shape} is invalid for input of shape {a._shape} ({n} elements)")
+        shape = tuple(n // rest if s == -1 else s for s in shape)
+    if math.prod(shape) != n:
+        raise OpError(f"reshape: shape {shape} is invalid for input of shape {a._shape} ({n} elements)")
+    return shape, a._dtype
+
+
+def _reshape_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (xp.reshape(g, args[0].shape),)
+
+
+OP_RESHAPE = defop("reshape", lambda a, shape: np.reshape(a, shape), _reshape_meta, _reshape_rule, saves=(), view=True)
+
+
+def reshape(x: Tensor, *shape: Any) -> Tensor:
+    """A tensor with the same elements in ``shape`` (a view when possible); one dim may be -1."""
+    shp = _shape_arg(shape)
+    return apply(OP_RESHAPE, (x,), {"shape": shp})
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Flatten dims ``start_dim..end_dim`` into one."""
+    n = x.ndim
+    if n == 0:
+        return reshape(x, (1,))
+    s, e = start_dim % n, end_dim % n
+    shp = (*x._shape[:s], math.prod(x._shape[s : e + 1]), *x._shape[e + 1 :])
+    return reshape(x, shp)
+
+
+# ---- permutations -----------------------------------------------------------------------------------
+
+
+def _perm_meta(a: Tensor, axes: tuple[int, ...]) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if sorted(axes) != list(range(a.ndim)):
+        raise OpError(f"permute: dims {axes} are not a permutation of the {a.ndim} dims of shape {a._shape}")
+    return tuple(a._shape[i] for i in axes), a._dtype
+
+
+def _perm_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (xp.transpose(g, tuple(np.argsort(kw["axes"]))),)
+
+
+OP_PERMUTE = defop("permute", lambda a, axes: np.transpose(a, axes), _perm_meta, _perm_rule, saves=(), view=True)
+
+
+def permute(x: Tensor, *dims: Any) -> Tensor:
+    """Reorder dimensions (a view)."""
+    d = _shape_arg(dims)
+    n = max(x.ndim, 1)
+    return apply(OP_PERMUTE, (x,), {"axes": tuple(i % n for i in d)})
+
+
+def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
+    """Swap two dimensions (a view)."""
+    n = x.ndim
+    if not (-n <= dim0 < n and -n <= dim1 < n):
+        raise OpError(f"transpose: dims ({dim0}, {dim1}) are out of range for shape {x._shape}")
+    axes = list(range(n))
+    axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
+    return apply(OP_PERMUTE, (x,), {"axes": tuple(axes)})
+
+
+def _T(x: Tensor) -> Tensor:
+    return apply(OP_PERMUTE, (x,), {"axes": tuple(reversed(range(x.ndim)))})
+
+
+# ---- broadcasting, unsqueeze, squeeze --------------------------------------------------------------
+
+
+def _bto_meta(a: Tensor, shape: tuple[int, ...]) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    try:
+        ok = np.broadcast_shapes(a._shape, shape) == shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise OpError(f"broadcast_to: cannot broadcast shape {a._shape} to {shape}")
+    return shape, a._dtype
+
+
+def _bto_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g,)  # the engine sums it back to the input shape
+
+
+OP_BROADCAST_TO = defop(
+    "broadcast_to", lambda a, shape: np.broadcast_to(a, shape), _bto_meta, _bto_rule, saves=(), view=True
+)
+
+
+def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
+    """A broadcast (stride 0) view of ``x`` with ``shape``."""
+    return apply(OP_BROADCAST_TO, (x,), {"shape": _shape_arg(shape)})
+
+
+def expand(x: Tensor, *sizes: Any) -> Tensor:
+    """PyTorch's expand: like broadcast_to, with -1 meaning 'keep this size'."""
+    shp = _shape_arg(sizes)
+    lead = len(shp) - x.ndim
+    shp = tuple(x._shape[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(shp))
+    return broadcast_to(x, shp)
+
+
+def _unsq_meta(a: Tensor, axis: tuple[int, ...]) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return _unsq_shape(a._shape, axis), a._dtype
+
+
+def _unsq_shape(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, ...]:
+    out = list(shape)
+    for ax in sorted(axis):
+        out.insert(ax, 1)
+    return tuple(out)
+
+
+def _unsq_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (xp.reshape(g, args[0].shape),)
+
+
+OP_EXPAND_DIMS = defop(
+    "unsqueeze", lambda a, axis: np.expand_dims(a, axis), _unsq_meta, _unsq_rule, saves=(), view=True
+)
+
+
+def expand_dims(x: Tensor, axis: Any) -> Tensor:
+    """Insert size-1 dims at ``axis`` (int or tuple of positions in the result)."""
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    n = x.ndim + len(axes)
+    return apply(OP_EXPAND_DIMS, (x,), {"axis": tuple(int(a) % n for a in axes)})
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    """Insert a size-1 dim at ``dim``."""
+    return expand_dims(x, dim)
+
+
+def squeeze(x: Tensor, dim: Any = None) -> Tensor:
+    """Remove size-1 dims (all, or only ``dim``)."""
+    if dim is None:
+        shp = tuple(s for s in x._shape if s != 1)
+    else:
+        dims = {d % max(x.ndim, 1) for d in ((dim,) if isinstance(dim, int) else dim)}
+        shp = tuple(s for i, s in enumerate(x._shape) if not (i in dims and s == 1))
+    return reshape(x, shp)
+
+
+# ---- concat and stack -------------------------------------------------------------------------------
+
+
+def _concat_meta(*xs: Tensor, axis: int) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    first = xs[0]._shape
+    for t in xs[1:]:
+        if len(t._shape) != len(first) or any(
+            i != axis and a != b for i, (a, b) in enumerate(zip(first, t._shape))
+        ):
+            raise OpError(
+                f"concat: tensors must match in every dim but {axis}, got shapes {[x._shape for x in xs]}"
+            )
+    shape = list(first)
+    shape[axis] = sum(t._shape[axis] for t in xs)
+    # PyTorch's promotion (an int64 and a float32 tensor join as float32; numpy would give float64)
+    return tuple(shape), result_type(*xs)
+
+
+def _concat_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    axis = kw["axis"]
+    grads = []
+    start = 0
+    for a, need in zip(args, needs):
+        n = a.shape[axis]
+        if need:
+            grads.append(g[(slice(None),) * axis + (slice(start, start + n),)])
+        else:
+            grads.append(None)
+        start += n
+    return tuple(grads)
+
+
+OP_CONCAT = defop("concat", lambda *a, axis: np.concatenate(a, axis=axis), _concat_meta, _concat_rule, saves=())
+
+
+def _seq_check(op: str, tensors: Any) -> list[Tensor]:
+    ts = list(tensors)
+    if not ts:
+        raise OpError(f"{op}: expected a non-empty sequence of tensors")
+    for t in ts:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: expected a sequence of Tensors, got an element of type {type(t).__name__}")
+    return ts
+
+
+def concat(tensors: Any, dim: int = 0) -> Tensor:
+    """Join tensors along an existing dimension."""
+    ts = _seq_check("concat", tensors)
+    n = ts[0].ndim
+    if not -n <= dim < n:
+        raise OpError(f"concat: dim {dim} is out of range for tensors of {n} dims")
+    return apply(OP_CONCAT, tuple(ts), {"axis": dim % n})
+
+
+cat = concat
+
+
+def stack(tensors: Any, dim: int = 0) -> Tensor:
+    """Join tensors along a new dimension."""
+    ts = _seq_check("stack", tensors)
+    shapes = {t._shape for t in ts}
+    if len(shapes) != 1:
+        raise OpError(f"stack: all tensors must have the same shape, got {[t._shape for t in ts]}")
+    n = ts[0].ndim + 1
+    if not -n <= dim < n:
+        raise OpError(f"stack: dim {dim} is out of range for a result of {n} dims")
+    d = dim % n
+    return concat([expand_dims(t, d) for t in ts], d)
+
+
+# ---- indexing ----------------------------------------------------------------------------------------
 
 
 def _dims(op: str, x: Tensor, dims: Any) -> tuple[int, ...]:
@@ -141,7 +371,7 @@ def roll(input: Tensor, shifts: Any, dims: Any = None) -> Tensor:
         sh = (shifts,) if isinstance(shifts, (int, np.integer)) else tuple(shifts)
         if len(sh) != 1:
             raise OpError(f"roll: without dims, shifts must be one int, got {shifts!r}")
-        return S.reshape(roll(S.reshape(input, (-1,)), sh[0], 0), tuple(input.shape))
+        return reshape(roll(reshape(input, (-1,)), sh[0], 0), tuple(input.shape))
     shs = (shifts,) if isinstance(shifts, (int, np.integer)) else tuple(shifts)
     ds = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
     if len(shs) != len(ds):
@@ -154,7 +384,7 @@ def roll(input: Tensor, shifts: Any, dims: Any = None) -> Tensor:
             continue
         s = int(s) % n
         if s:
-            out = S.concat([_slice(out, d, n - s, n), _slice(out, d, 0, n - s)], d)
+            out = concat([_slice(out, d, n - s, n), _slice(out, d, 0, n - s)], d)
     return out
 
 
@@ -170,7 +400,7 @@ def movedim(input: Tensor, source: Any, destination: Any) -> Tensor:
     order = [i for i in range(input.ndim) if i not in src]
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
-    return S.permute(input, tuple(order))
+    return permute(input, tuple(order))
 
 
 moveaxis = movedim
@@ -178,7 +408,7 @@ moveaxis = movedim
 
 def swapaxes(input: Tensor, axis0: int, axis1: int) -> Tensor:
     """Swap two dims (a view): ``transpose``'s numpy name."""
-    return S.transpose(input, axis0, axis1)
+    return transpose(input, axis0, axis1)
 
 
 swapdims = swapaxes
@@ -198,7 +428,7 @@ def unflatten(input: Tensor, dim: int, sizes: Any) -> Tensor:
             f"unflatten: sizes {sz} do not multiply to the size {n} of dim {d} (shape {tuple(input.shape)}); "
             "use at most one -1"
         )
-    return S.reshape(input, (*input.shape[:d], *sz, *input.shape[d + 1 :]))
+    return reshape(input, (*input.shape[:d], *sz, *input.shape[d + 1 :]))
 
 
 # ---- repeat, repeat_interleave ------------------------------------------------------------------------------
@@ -206,7 +436,7 @@ def unflatten(input: Tensor, dim: int, sizes: Any) -> Tensor:
 
 def repeat(input: Tensor, *sizes: Any) -> Tensor:
     """Tile ``input`` ``sizes[i]`` times along each dim (PyTorch's ``repeat``, numpy's ``tile``)."""
-    reps = S._shape_arg(sizes)
+    reps = _shape_arg(sizes)
     if len(reps) < input.ndim:
         raise OpError(
             f"repeat: got {len(reps)} repeat sizes {reps} for a tensor of {input.ndim} dims "
@@ -215,17 +445,17 @@ def repeat(input: Tensor, *sizes: Any) -> Tensor:
     if builtins.any(r < 0 for r in reps):
         raise OpError(f"repeat: repeat sizes must be non-negative, got {reps}")
     shape = (1,) * (len(reps) - input.ndim) + tuple(input.shape)
-    y = S.reshape(input, tuple(v for n in shape for v in (1, n)))
-    y = S.broadcast_to(y, tuple(v for r, n in zip(reps, shape) for v in (r, n)))
-    return S.reshape(y, tuple(r * n for r, n in zip(reps, shape)))
+    y = reshape(input, tuple(v for n in shape for v in (1, n)))
+    y = broadcast_to(y, tuple(v for r, n in zip(reps, shape) for v in (r, n)))
+    return reshape(y, tuple(r * n for r, n in zip(reps, shape)))
 
 
 def repeat_interleave(input: Tensor, repeats: Any, dim: Any = None, *, output_size: Any = None) -> Tensor:
     """Repeat each entry ``repeats`` times along ``dim`` (flattened when None), like
     ``torch.repeat_interleave``; ``repeats`` is an int, or one count per entry (list or int tensor)."""
-    x = S.reshape(input, (-1,)) if dim is None else input
+    x = reshape(input, (-1,)) if dim is None else input
     if x.ndim == 0:
-        x = S.reshape(x, (1,))
+        x = reshape(x, (1,))
     d = norm_dim("repeat_interleave", x, 0 if dim is None else dim)
     n = x.shape[d]
     if isinstance(repeats, Tensor):
@@ -234,8 +464,8 @@ def repeat_interleave(input: Tensor, repeats: Any, dim: Any = None, *, output_si
         r = int(np.asarray(repeats).reshape(()))
         if r < 0:
             raise OpError(f"repeat_interleave: repeats must be non-negative, got {r}")
-        y = S.broadcast_to(S.expand_dims(x, d + 1), (*x.shape[: d + 1], r, *x.shape[d + 1 :]))
-        out = S.reshape(y, (*x.shape[:d], n * r, *x.shape[d + 1 :]))
+        y = broadcast_to(expand_dims(x, d + 1), (*x.shape[: d + 1], r, *x.shape[d + 1 :]))
+        out = reshape(y, (*x.shape[:d], n * r, *x.shape[d + 1 :]))
     else:
         reps = np.asarray(repeats)
         if reps.dtype.kind not in "iu" or reps.shape != (n,) or (reps < 0).any():
@@ -243,7 +473,6 @@ def repeat_interleave(input: Tensor, repeats: Any, dim: Any = None, *, output_si
                 f"repeat_interleave: repeats must be non-negative integers, one per entry of dim {d} "
                 f"(size {n}), got {reps.dtype} of shape {reps.shape}"
             )
-        from ._ops_nn2 import index_select
 
         out = index_select(x, d, np.repeat(np.arange(n), reps))
     if output_size is not None and out.shape[d] != output_size:
@@ -307,9 +536,9 @@ def diag(input: Tensor, diagonal: int = 0) -> Tensor:
     if input.ndim == 1:
         n = input.shape[0]
         m = n + builtins.abs(k)
-        return S.index_add((m, m), _diag_index(m, m, k), input)
+        return index_add((m, m), _diag_index(m, m, k), input)
     if input.ndim == 2:
-        return S.getitem(input, _diag_index(input.shape[0], input.shape[1], k))
+        return getitem(input, _diag_index(input.shape[0], input.shape[1], k))
     raise OpError(f"diag: expected a 1-D or 2-D tensor, got shape {tuple(input.shape)}")
 
 
@@ -320,15 +549,10 @@ def trace(input: Tensor) -> Tensor:
     return diag(input).sum()
 
 
-def _install() -> None:
-    T = Tensor
-    for f in (
-        split, chunk, unbind, narrow, flip, fliplr, flipud, roll, movedim, swapaxes, unflatten, repeat,
-        repeat_interleave, tril, triu, diag, trace,
-    ):
-        setattr(T, f.__name__, f)
-    T.moveaxis = movedim  # type: ignore[attr-defined]
-    T.swapdims = swapaxes  # type: ignore[attr-defined]
-
-
-_install()
+# the rule namespaces' shape functions (see `runtime._xp`)
+register_xp("swapaxes", np.swapaxes, lambda x, i, j: transpose(x, i, j))
+register_xp("transpose", np.transpose, permute)
+register_xp("expand_dims", np.expand_dims, expand_dims)
+register_xp("reshape", np.reshape, reshape)
+register_xp("broadcast_to", np.broadcast_to, broadcast_to)
+register_xp("concat", lambda xs, axis: np.concatenate(xs, axis=axis), lambda xs, axis: concat(list(xs), axis))

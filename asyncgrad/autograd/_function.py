@@ -9,10 +9,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from . import _grad_mode
-from ._dispatch import Node, edges_of
-from ._runtime import current_stream
-from ._tensor import Tensor
+from ..runtime import _grad_mode
+from ..runtime._factories import zeros
+from ..runtime._grad_mode import no_grad
+from ..runtime._node import Node, edges_of
+from ..runtime._runtime import current_stream
+from ..runtime._tensor import Tensor
 
 
 class FunctionCtx:
@@ -117,8 +119,6 @@ class FunctionNode(Node):
                 break
         else:
             return gouts
-        from ._factories import zeros
-
         home = self.stream.device if self.stream is not None else None
         return [
             g if g is not None or dtype is None else zeros(shape, dtype=dtype, device=home if dev is None else dev)
@@ -253,8 +253,6 @@ def once_differentiable(backward: Any) -> Any:
     runs under ``no_grad``, so a double backward through it finds no graph instead of a wrong one."""
     import functools
     import inspect
-
-    from ._grad_mode import no_grad
 
     if inspect.iscoroutinefunction(backward):
 

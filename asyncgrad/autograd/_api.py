@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 import trio
 
-from ._apply import in_plain_backward
-from ._engine import GraphTask, current_graph_task, trampoline_here
-from ._registry import prepare_and_commit
-from ._runtime import Runtime, _task_streams, _TaskStreams, current_runtime, current_stream
-from ._tensor import Tensor
+from ..runtime._factories import zeros_like
+from ..runtime._runtime import Runtime, _task_streams, _TaskStreams, current_runtime, current_stream
+from ..runtime._tensor import Tensor
+from ._engine import GraphTask
+from ._leaf_owner import prepare_and_commit
+from ._run_node import in_plain_backward
+from ._trampoline import current_graph_task, trampoline_here
 
 _task_ids = itertools.count(1)
 
@@ -302,8 +304,6 @@ def grad(
 
 
 async def _materialized(p: Pass, ins: list[Tensor]) -> tuple[Tensor, ...]:
-    from ._factories import zeros_like
-
     gs = await p
     return tuple(zeros_like(t) if g is None else g for g, t in zip(gs, ins))
 

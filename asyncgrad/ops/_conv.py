@@ -22,8 +22,11 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ._dispatch import OpError, apply, defop
-from ._tensor import Tensor
+from ..runtime._dispatch import apply
+from ..runtime._op import OpError, defop
+from ..runtime._tensor import Tensor
+from ..runtime._xp import register_xp
+from ._shape import reshape
 
 Geom = dict[str, Any]
 
@@ -411,7 +414,6 @@ def ag_conv2d_weight_grad(x: Tensor, g: Tensor, w_shape: Any, geom: Geom) -> Ten
 
 
 def _unbatched(fn: Any, x: Tensor, *rest: Any, **kw: Any) -> Any:
-    from ._ops_shape import reshape
 
     y = fn(reshape(x, (1, *x.shape)), *rest, **kw)
     if isinstance(y, tuple):
@@ -758,3 +760,16 @@ def avg_pool2d(
         raise OpError("avg_pool2d: divisor must be not zero")
     div = _avg_divisor(input.shape[2:], geom, bool(count_include_pad), divisor_override)
     return apply(OP_AVG_POOL2D, (input,), {"geom": geom, "div": div})
+
+
+# the rule namespaces' adjoint kernels (see `runtime._xp`): each an op with its own rule under create_graph
+register_xp("conv2d", lambda x, w, b, geom: conv2d_kernel(x, w, b, **geom), ag_conv2d)
+register_xp("conv2d_input_grad", np_conv2d_input_grad, ag_conv2d_input_grad)
+register_xp(
+    "conv2d_weight_grad", lambda x, g, w_shape, geom: conv2d_weight_grad_kernel(x, g, w_shape, **geom),
+    ag_conv2d_weight_grad,
+)
+register_xp("max_pool2d_scatter", _pool_scatter_kernel, ag_max_pool2d_scatter)
+register_xp("max_pool2d_gather", _pool_gather_kernel, ag_max_pool2d_gather)
+register_xp("avg_pool2d", _avg_pool_kernel, ag_avg_pool2d)
+register_xp("avg_pool2d_backward", _avg_pool_backward_kernel, ag_avg_pool2d_backward)

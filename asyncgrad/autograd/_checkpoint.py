@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ._autograd import nested_grad
-from ._factories import default_generator, fork_default_generator
+from ..runtime._factories import default_generator, fork_default_generator
+from ..runtime._grad_mode import enable_grad, is_grad_enabled
+from ..runtime._runtime import current_runtime
+from ..runtime._tensor import Tensor
+from ._api import nested_grad
 from ._function import Function, FunctionCtx
-from ._grad_mode import enable_grad, is_grad_enabled
-from ._runtime import current_runtime
-from ._tensor import Tensor
 
 
 class _Checkpoint(Function):

@@ -15,11 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from ._dispatch import OpError, apply, apply1, broadcast_shapes, defop
-from ._ops_act import _erf
-from ._ops_elementwise import _dt, _float_unary_meta, _sh, _ufunc_dtype, _unary_meta
-from ._tensor import Tensor
-from ._xp import AG, NP
+from ..runtime._dispatch import apply, apply1
+from ..runtime._meta import broadcast_shapes
+from ..runtime._op import OpError, defop
+from ..runtime._promote import result_type
+from ..runtime._tensor import Tensor
+from ..runtime._xp import register_xp
+from ._elementwise import _dt, _float_unary_meta, _sh, _ufunc_dtype, _unary_meta
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
@@ -309,17 +311,85 @@ def equal(input: Tensor, other: Tensor) -> bool:
 # ---- rule namespaces and Tensor methods ------------------------------------------------------------
 
 
-def _install() -> None:
-    setattr(NP, "sin", staticmethod(np.sin))  # noqa: B010
-    setattr(NP, "cos", staticmethod(np.cos))  # noqa: B010
-    setattr(AG, "sin", staticmethod(sin))  # noqa: B010
-    setattr(AG, "cos", staticmethod(cos))  # noqa: B010
-    T = Tensor
-    for f in (
-        sin, cos, floor, ceil, round, log1p, expm1, erf, rsqrt, reciprocal, square, lerp, nan_to_num,
-        isnan, isinf, isfinite, allclose, equal,
-    ):
-        setattr(T, f.__name__, f)
+def _clamp_meta(x: Tensor, lo: Any, hi: Any) -> Any:
+    shape = x.shape
+    for v in (lo, hi):
+        if v is not None:
+            shape = broadcast_shapes(
+                "clamp", shape, tuple(np.shape(v) if not isinstance(v, Tensor) else v.shape)
+            )
+    # PyTorch's result_type of input, min and max (an int tensor clamped to 0.5 is float32); the kernel
+    # picks with numpy and the dispatcher casts the pick, which equals picking from cast operands
+    return shape, result_type(x, lo, hi)
 
 
-_install()
+def _clamp_kernel(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+    out = x
+    if lo is not None:
+        out = np.maximum(out, lo)
+    if hi is not None:
+        out = np.minimum(out, hi)
+    return np.asarray(out)
+
+
+def _clamp_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    # PyTorch's clamp_backward_min_max: x gets g inside [min, max]; min gets g where x < min (and
+    # min < max); max gets g where x > max (or max < min, where the result is max everywhere).
+    # The masks are constants (numpy), also under create_graph.
+    x, lo, hi = (None if a is None else xp.value(a) for a in args)
+    inside = True
+    if lo is not None:
+        inside = x >= lo
+    if hi is not None:
+        inside = inside & (x <= hi)
+    gx = xp.where(inside, g, 0) if needs[0] else None
+    glo = ghi = None
+    if needs[1]:
+        assert lo is not None  # needs[1] means a tensor bound was given
+        m = x < lo
+        glo = xp.where(m & (lo < hi) if hi is not None else m, g, 0)
+    if needs[2]:
+        assert hi is not None
+        m = x > hi
+        ghi = xp.where(m | (hi < lo) if lo is not None else m, g, 0)
+    return (gx, glo, ghi)
+
+
+OP_CLAMP = defop("clamp", _clamp_kernel, _clamp_meta, _clamp_rule)
+
+
+def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    """Limit ``input`` to [min, max] (numbers or tensors; either may be None, not both)."""
+    if min is None and max is None:
+        raise OpError("clamp: at least one of 'min' or 'max' must not be None")
+    return apply(OP_CLAMP, (input, min, max))
+
+
+def clamp_min(input: Tensor, min: Any) -> Tensor:
+    return clamp(input, min=min)
+
+
+def clamp_max(input: Tensor, max: Any) -> Tensor:
+    return clamp(input, max=max)
+
+
+_erf_impl: Any = None
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """Vectorised erf: scipy's (exact to the last ulp) when installed, imported on first use only
+    (importing scipy costs ~0.5 s and ~20 MB, too much for `import asyncgrad`)."""
+    global _erf_impl
+    if _erf_impl is None:
+        try:
+            from scipy.special import erf as scipy_erf
+
+            _erf_impl = scipy_erf
+        except ImportError:  # pragma: no cover - exercised only without scipy
+            scalar = np.frompyfunc(math.erf, 1, 1)
+            _erf_impl = lambda v: np.asarray(scalar(v), dtype=np.result_type(v, np.float32))  # noqa: E731
+    return _erf_impl(x)  # type: ignore[no-any-return]
+
+
+register_xp("sin", np.sin, sin)
+register_xp("cos", np.cos, cos)

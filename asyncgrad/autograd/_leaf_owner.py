@@ -31,10 +31,10 @@ import trio
 
 from ..actors import Actor, ActorClosedError
 from ..devices import private_base
-from ._apply import note_failure
-from ._engine import call_hook, check_hook_grad
-from ._hooks import HookTable
-from ._layout import accumulate, submit_steals, undo, undo_record
+from ..runtime._hooks import HookTable
+from ._accumulate import accumulate, submit_steals, undo, undo_record
+from ._hooks import call_hook, check_hook_grad
+from ._run_node import note_failure
 
 
 @attrs.frozen

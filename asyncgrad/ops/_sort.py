@@ -15,9 +15,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._dispatch import OpError, apply, defop, norm_dim
-from ._ops_nn2 import _gather_index
-from ._tensor import Tensor
+from ..runtime._dispatch import apply
+from ..runtime._meta import norm_dim
+from ..runtime._op import OpError, defop
+from ..runtime._tensor import Tensor
+from ._index import _gather_index, getitem
+from ._shape import broadcast_to, reshape
 
 
 class SortResult(NamedTuple):
@@ -32,8 +35,6 @@ class TopkResult(NamedTuple):
 
     values: Tensor
     indices: Tensor
-
-
 
 
 def _np_argsort(a: np.ndarray, axis: int, descending: bool) -> np.ndarray:
@@ -142,7 +143,6 @@ def masked_select(input: Tensor, mask: Any) -> Tensor:
 
     Differentiable w.r.t. ``input``; waits for ``mask``'s value (the result's size depends on it).
     """
-    from ._ops_shape import broadcast_to, getitem
 
     m = mask._value() if isinstance(mask, Tensor) else np.asarray(mask)
     if m.dtype != np.bool_:
@@ -156,7 +156,6 @@ def masked_select(input: Tensor, mask: Any) -> Tensor:
         ) from None
     x = input if tuple(input.shape) == shape else broadcast_to(input, shape)
     if x.ndim == 0:
-        from ._ops_shape import reshape
 
         x, m = reshape(x, (1,)), m.reshape(1)
     return getitem(x, np.broadcast_to(m, x.shape))
@@ -177,12 +176,3 @@ def nonzero(input: Tensor, *, as_tuple: bool = False) -> Any:
 def argwhere(input: Tensor) -> Tensor:
     """``nonzero(input)``: the (count, ndim) int64 indices of the nonzero entries."""
     return nonzero(input)  # type: ignore[no-any-return]
-
-
-def _install() -> None:
-    T = Tensor
-    for f in (sort, argsort, topk, masked_select, nonzero, argwhere):
-        setattr(T, f.__name__, f)
-
-
-_install()

@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 
 from ..devices import lane_empty
-from ._dispatch import EMPTY, Op, OpError, apply, apply1, apply2, broadcast_shapes, defop
-from ._promote import result_type, result_type2, to_float
-from ._tensor import Tensor
-from ._xp import NP
+from ..runtime._dispatch import apply, apply1, apply2
+from ..runtime._meta import broadcast_shapes
+from ..runtime._op import OpError, defop
+from ..runtime._promote import result_type, result_type2, to_float
+from ..runtime._tensor import Tensor
+from ..runtime._xp import NP, register_xp
 
 _udtype: dict[tuple[Any, Any], np.dtype[Any]] = {}
 
@@ -437,86 +439,6 @@ def where(condition: Any, x: Any, y: Any) -> Tensor:
     return apply(OP_WHERE, (condition, x, y))
 
 
-def _same_meta(a: Tensor, **kw: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    return a._shape, a._dtype
-
-
-def _identity_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
-    return (g,)
-
-
-OP_CLONE = defop("clone", lambda a: np.copy(a, order="K"), _same_meta, _identity_rule, saves=())
-OP_CONTIGUOUS = defop("contiguous", np.ascontiguousarray, _same_meta, _identity_rule, saves=())
-
-
-def clone(x: Tensor) -> Tensor:
-    """A copy with the same strides (differentiable)."""
-    return apply(OP_CLONE, (x,))
-
-
-def contiguous(x: Tensor) -> Tensor:
-    """A C-contiguous copy (differentiable)."""
-    return apply(OP_CONTIGUOUS, (x,))
-
-
-def _copy_layout_kernel(a: np.ndarray, like: np.ndarray) -> np.ndarray:
-    from ._layout import empty_like_contract
-
-    out = empty_like_contract(like)
-    np.copyto(out, a)
-    return out
-
-
-OP_COPY_LAYOUT = defop("copy_to_layout", _copy_layout_kernel, _same_meta, _identity_rule, saves=())
-
-
-def copy_to_layout(x: Tensor, like: np.ndarray) -> Tensor:
-    """A differentiable copy of ``x`` with the layout the gradient contract gives ``like``."""
-    return apply(OP_COPY_LAYOUT, (x,), {"like": like})
-
-
-def _astype_meta(a: Tensor, dtype: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    return a._shape, np.dtype(dtype)
-
-
-def _astype_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
-    return (xp.astype(g, args[0].dtype),)
-
-
-OP_ASTYPE = defop("astype", lambda a, dtype: a.astype(dtype), _astype_meta, _astype_rule, saves=())
-
-
-def astype(x: Tensor, dtype: Any) -> Tensor:
-    """Convert to ``dtype`` (gradient converted back)."""
-    return apply(OP_ASTYPE, (x,), {"dtype": np.dtype(dtype)})
-
-
-def to_device(x: Tensor, dev: Any) -> Tensor:
-    """Copy to another device of the same kind (CPU devices share host memory)."""
-    data = np.array(x._value(), copy=True, order="K")
-    out = Tensor._wrap(data, dev)
-    if x._rg:
-        from . import _grad_mode
-
-        if _grad_mode.is_grad_enabled():
-            from ._dispatch import OpNode
-            from ._runtime import current_stream
-
-            node = OpNode(OP_TO, (x,), EMPTY, current_stream(x._dev))
-            out._grad_fn = node
-            out._rg = True
-    return out
-
-
-def _to_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
-    if isinstance(g, Tensor):
-        return (to_device(g, args[0]._dev),)
-    return (g,)
-
-
-OP_TO: Op = defop("to", lambda a: a, _same_meta, _to_rule, saves=())
-
-
 # ---- comparisons (not differentiable) -------------------------------------------------------------
 
 
@@ -541,42 +463,9 @@ ne = _cmp("ne", np.not_equal)
 # ---- operators on Tensor --------------------------------------------------------------------------
 
 
-def _install() -> None:
-    T = Tensor
-    T.__add__ = lambda s, o: apply2(OP_ADD, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__radd__ = lambda s, o: apply2(OP_ADD, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__sub__ = lambda s, o: apply2(OP_SUB, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__rsub__ = lambda s, o: apply2(OP_SUB, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__mul__ = _tensor_mul  # type: ignore[method-assign,attr-defined,assignment]
-    T.__rmul__ = _tensor_rmul  # type: ignore[method-assign,attr-defined,assignment]
-    T.__truediv__ = lambda s, o: apply2(OP_DIV, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__rtruediv__ = lambda s, o: apply2(OP_DIV, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__pow__ = lambda s, o: apply2(OP_POW, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__rpow__ = lambda s, o: apply2(OP_POW, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__mod__ = lambda s, o: apply2(OP_REMAINDER, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__rmod__ = lambda s, o: apply2(OP_REMAINDER, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__floordiv__ = lambda s, o: apply2(OP_FLOOR_DIVIDE, s, o)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__rfloordiv__ = lambda s, o: apply2(OP_FLOOR_DIVIDE, o, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.remainder = remainder  # type: ignore[attr-defined,method-assign]
-    T.floor_divide = floor_divide  # type: ignore[attr-defined,method-assign]
-    T.__neg__ = lambda s: apply1(OP_NEG, s)  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__pos__ = lambda s: s  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__abs__ = abs  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__lt__ = lt  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__le__ = le  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__gt__ = gt  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__ge__ = ge  # type: ignore[method-assign,attr-defined,operator,assignment]
-    T.__eq__ = eq  # type: ignore[method-assign,assignment]
-    T.__ne__ = ne  # type: ignore[method-assign,assignment]
-    for name in ("exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sign", "neg"):
-        setattr(T, name, globals()[name])
-    T.add = add  # type: ignore[attr-defined,method-assign]
-    T.sub = sub  # type: ignore[attr-defined,method-assign]
-    T.mul = mul  # type: ignore[attr-defined,method-assign]
-    T.div = div  # type: ignore[attr-defined,method-assign]
-    T.pow = pow  # type: ignore[attr-defined,method-assign]
-    T.maximum = maximum  # type: ignore[attr-defined,method-assign]
-    T.minimum = minimum  # type: ignore[attr-defined,method-assign]
-
-
-_install()
+# the rule namespaces' elementwise functions (see `runtime._xp`)
+for _name, _np_fn, _ag_fn in (
+    ("exp", np.exp, exp), ("log", np.log, log), ("tanh", np.tanh, tanh), ("sqrt", np.sqrt, sqrt),
+    ("sign", np.sign, sign), ("abs", np.abs, abs), ("where", np.where, where),
+):
+    register_xp(_name, _np_fn, _ag_fn)

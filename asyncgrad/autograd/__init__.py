@@ -1,0 +1,36 @@
+"""Reverse-mode autodiff: backward passes as tasks, the engine, leaf owners, hooks, Function, checkpoint.
+
+A backward pass, in the order its files run::
+
+    _api.py          backward() / grad(): check the arguments, build the pass (a GraphTask) to await
+    _engine.py       GraphTask.run: count dependencies, then run ready nodes latest-first, giving the loop
+                     back on a time budget; stage the leaves' gradients
+      _run_node.py     one node: a built-in op's rule as one kernel (or recorded ops under create_graph),
+                       or a Function's backward
+      _hooks.py        tensor hooks, node pre/post hooks around each node
+      _trampoline.py   an ``async def`` backward that awaits another pass: nested on the task's trampoline
+    _leaf_owner.py   the pass succeeded: each leaf's owner actor runs its hooks and commits (all or none)
+      _accumulate.py   fold a gradient into .grad under the layout contract (steal or copy)
+
+Around it: ``_function.py`` (custom `Function`), ``_checkpoint.py`` (recompute in backward),
+``_tensor_hooks.py`` (registering hooks), ``_gradcheck.py`` (finite-difference checks).
+"""
+
+from ._api import backward, grad
+from ._checkpoint import checkpoint
+from ._function import Function, FunctionCtx, once_differentiable
+from ._gradcheck import GradcheckError, gradcheck, gradgradcheck
+from ._run_node import BackwardError
+
+__all__ = [
+    "BackwardError",
+    "Function",
+    "FunctionCtx",
+    "GradcheckError",
+    "backward",
+    "checkpoint",
+    "grad",
+    "gradcheck",
+    "gradgradcheck",
+    "once_differentiable",
+]

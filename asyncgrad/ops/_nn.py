@@ -1,0 +1,341 @@
+"""Neural-network ops of the core: softmax and log_softmax (numerically stable)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..runtime._dispatch import apply
+from ..runtime._factories import default_generator
+from ..runtime._inplace import inplace
+from ..runtime._meta import _float_check, _index_arg, _value, broadcast_shapes
+from ..runtime._op import OpError, defop
+from ..runtime._tensor import Tensor
+from ..runtime._xp import NP
+from ._math import _erf
+
+
+def _softmax_kernel(a: np.ndarray, axis: int) -> np.ndarray:
+    z = a - np.max(a, axis=axis, keepdims=True)
+    e = np.exp(z)
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
+
+
+def _log_softmax_kernel(a: np.ndarray, axis: int) -> np.ndarray:
+    z = a - np.max(a, axis=axis, keepdims=True)
+    z -= np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+    return z
+
+
+def _meta(a: Tensor, axis: int) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if a._dtype.kind not in "fc":
+        raise OpError(f"softmax: input dtype {a._dtype} is not floating point")
+    return a._shape, a._dtype
+
+
+def _softmax_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    ax = kw["axis"]
+    return (out * (g - xp.sum(g * out, ax, True)),)
+
+
+def _log_softmax_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    ax = kw["axis"]
+    return (g - xp.exp(out) * xp.sum(g, ax, True),)
+
+
+OP_SOFTMAX = defop("softmax", _softmax_kernel, _meta, _softmax_rule, save_out=True)
+OP_LOG_SOFTMAX = defop("log_softmax", _log_softmax_kernel, _meta, _log_softmax_rule, save_out=True)
+
+
+def _axis(op: str, x: Tensor, dim: int) -> int:
+    n = max(x.ndim, 1)
+    if not -n <= dim < n:
+        raise OpError(f"{op}: dim {dim} is out of range for shape {x._shape}")
+    return dim % n
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """exp(x) normalised along ``dim``."""
+    return apply(OP_SOFTMAX, (x,), {"axis": _axis("softmax", x, dim)})
+
+
+def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """log(softmax(x)) along ``dim``, computed stably."""
+    return apply(OP_LOG_SOFTMAX, (x,), {"axis": _axis("log_softmax", x, dim)})
+
+
+def _emb_meta(w: Tensor, idx: Any, padding_idx: Any, scale_grad_by_freq: bool) -> Any:
+    if w.ndim != 2:
+        raise OpError(f"embedding: weight must be 2-d (num_embeddings, embedding_dim), got shape {w.shape}")
+    return (*idx.shape, w.shape[1]), w.dtype
+
+
+def _emb_kernel(w: np.ndarray, idx: np.ndarray, padding_idx: Any, scale_grad_by_freq: bool) -> np.ndarray:
+    n = w.shape[0]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):  # no negative indices either, as in PyTorch
+        raise IndexError(
+            f"embedding: index out of range in self: indices must be in [0, {n}), got "
+            f"min {idx.min()} and max {idx.max()}"
+        )
+    return np.take(w, idx, axis=0)
+
+
+def _emb_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    w, idx = args
+    iv = xp.value(idx) % w.shape[0]
+    scale = None
+    if kw["scale_grad_by_freq"]:
+        counts = np.bincount(iv.ravel(), minlength=w.shape[0])
+        scale = 1.0 / counts[iv]
+    if kw["padding_idx"] is not None:
+        keep = (iv != kw["padding_idx"]).astype(np.float64)
+        scale = keep if scale is None else scale * keep
+    if scale is not None:
+        g = g * scale.astype(g.dtype)[..., None]
+    return (xp.index_add(tuple(w.shape), (iv,), g), None)
+
+
+OP_EMBEDDING = defop("embedding", _emb_kernel, _emb_meta, _emb_rule)
+
+
+def _renorm_rows(w: np.ndarray, idx: np.ndarray, max_norm: float, norm_type: float) -> None:
+    rows = np.unique(idx)
+    norms = np.linalg.norm(w[rows], ord=norm_type, axis=1)
+    big = norms > max_norm
+    rows, norms = rows[big], norms[big]
+    w[rows] *= (max_norm / (norms + 1e-7)).astype(w.dtype)[:, None]
+
+
+def embedding(
+    input: Any,
+    weight: Tensor,
+    padding_idx: int | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Tensor:
+    """Rows of ``weight`` picked by the integer ``input`` (``torch.nn.functional.embedding``).
+
+    ``padding_idx`` rows get no gradient; ``max_norm`` renormalises the looked-up rows of ``weight`` in
+    place first (outside the graph); ``scale_grad_by_freq`` divides each row's gradient by its count in
+    the batch. ``sparse`` gradients are not supported (the gradient is dense).
+    """
+    if sparse:
+        raise NotImplementedError("embedding: sparse gradients are not supported; use sparse=False")
+    idx = _index_arg("embedding", input)
+    n = weight.shape[0]
+    if padding_idx is not None:
+        if not -n <= padding_idx < n:
+            raise OpError(f"embedding: padding_idx {padding_idx} must be within num_embeddings ({n})")
+        padding_idx %= n
+    if max_norm is not None:
+
+        inplace(weight, _renorm_rows, _value(idx), float(max_norm), float(norm_type))
+    kw = {"padding_idx": padding_idx, "scale_grad_by_freq": bool(scale_grad_by_freq)}
+    return apply(OP_EMBEDDING, (weight, idx), kw)
+
+
+def _ln_meta(x: Tensor, w: Any, b: Any, axes: tuple[int, ...], eps: float) -> Any:
+    _float_check("layer_norm", x)
+    ns = x.shape[axes[0] :]
+    for name, t in (("weight", w), ("bias", b)):
+        if t is not None and tuple(t.shape) != ns:
+            raise OpError(
+                f"layer_norm: {name} of shape {tuple(t.shape)} does not match normalized_shape {ns}"
+            )
+    return x.shape, x.dtype
+
+
+def _ln_kernel(x: np.ndarray, w: Any, b: Any, axes: tuple[int, ...], eps: float) -> np.ndarray:
+    mu = x.mean(axes, keepdims=True)
+    xc = x - mu
+    var = np.mean(np.square(xc), axes, keepdims=True)
+    var += eps
+    np.sqrt(var, out=var)
+    xc /= var
+    if w is not None:
+        xc *= w
+    if b is not None:
+        xc += b
+    return xc
+
+
+def _ln_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    x, w, _ = args
+    axes, eps = kw["axes"], kw["eps"]
+    n = math.prod(x.shape[axes[0] :])
+    xc = x - xp.sum(x, axes, True) / n
+    rstd = 1 / xp.sqrt(xp.sum(xc * xc, axes, True) / n + eps)
+    xhat = xc * rstd
+    gx = gw = gb = None
+    if needs[0]:
+        gy = g * w if w is not None else g
+        gx = rstd * (gy - xp.sum(gy, axes, True) / n - xhat * (xp.sum(gy * xhat, axes, True) / n))
+    if needs[1]:
+        gw = g * xhat  # the engine sums it over the leading dims
+    if needs[2]:
+        gb = g
+    return (gx, gw, gb)
+
+
+OP_LAYER_NORM = defop("layer_norm", _ln_kernel, _ln_meta, _ln_rule)
+
+
+def layer_norm(
+    input: Tensor,
+    normalized_shape: Any,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Layer normalisation over the trailing ``normalized_shape`` dims (``F.layer_norm``)."""
+    ns = (
+        (int(normalized_shape),)
+        if isinstance(normalized_shape, (int, np.integer))
+        else tuple(normalized_shape)
+    )
+    k = len(ns)
+    if k == 0 or k > input.ndim or tuple(input.shape[input.ndim - k :]) != ns:
+        raise OpError(
+            f"layer_norm: normalized_shape {ns} must match the trailing dims of the input, "
+            f"got shape {input.shape}"
+        )
+    axes = tuple(range(input.ndim - k, input.ndim))
+    return apply(OP_LAYER_NORM, (input, weight, bias), {"axes": axes, "eps": float(eps)})
+
+
+def _dropout_mask(shape: tuple[int, ...], p: float, seed: int, dtype: Any) -> np.ndarray:
+    """The kept-and-rescaled mask, a pure function of (shape, p, seed): forward and backward agree."""
+    keep = np.random.default_rng(seed).random(shape, dtype=np.float32) >= p
+    return keep.astype(dtype) * np.asarray(1.0 / (1.0 - p), dtype)
+
+
+def _dropout_kernel(x: np.ndarray, p: float, seed: int) -> np.ndarray:
+    return x * _dropout_mask(x.shape, p, seed, x.dtype)
+
+
+def _dropout_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    return (g * _dropout_mask(tuple(g.shape), kw["p"], kw["seed"], g.dtype),)
+
+
+OP_DROPOUT = defop("dropout", _dropout_kernel, lambda x, p, seed: (x.shape, x.dtype), _dropout_rule)
+
+
+def dropout(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, generator: Any = None
+) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by 1/(1-p) (when ``training``).
+
+    The mask is a pure function of a seed drawn from ``generator`` (a ``numpy.random.Generator``; the
+    default generator, see `manual_seed`, when None) at call time, on the calling thread: the same
+    generator state gives the same mask wherever and whenever the kernel runs. ``inplace`` is accepted
+    for signature compatibility; the result is always a new tensor.
+    """
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training:
+        return input
+    _float_check("dropout", input)
+    if p == 1.0:
+        return input * 0.0
+    if p == 0.0:
+        return input * 1.0
+    if generator is None:
+
+        generator = default_generator()
+    seed = int(generator.integers(0, 2**63 - 1))
+    return apply(OP_DROPOUT, (input,), {"p": float(p), "seed": seed})
+
+
+_SQRT_2 = math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_K = math.sqrt(2.0 / math.pi)
+_C = 0.044715
+
+
+def _check(approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
+        raise OpError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def _gelu_kernel(a: np.ndarray, approximate: str) -> np.ndarray:
+    if approximate == "tanh":
+        inner = _K * (a + _C * a * a * a)
+        return (0.5 * a * (1.0 + np.tanh(inner))).astype(a.dtype, copy=False)
+    return (0.5 * a * (1.0 + _erf(a / _SQRT_2))).astype(a.dtype, copy=False)
+
+
+def _gelu_grad_kernel(g: np.ndarray, a: np.ndarray, approximate: str) -> np.ndarray:
+    """``g * gelu'(a)``."""
+    if approximate == "tanh":
+        inner = _K * (a + _C * a * a * a)
+        t = np.tanh(inner)
+        d = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * _K * (1.0 + 3.0 * _C * a * a)
+    else:
+        cdf = 0.5 * (1.0 + _erf(a / _SQRT_2))
+        pdf = np.exp(-0.5 * a * a) * _INV_SQRT_2PI
+        d = cdf + a * pdf
+    return (g * d).astype(np.result_type(g, a), copy=False)
+
+
+def _gelu_second(xp: Any, a: Any, approximate: str) -> Any:
+    """``gelu''(a)``, written with rule-namespace functions only (works for numpy and asyncgrad)."""
+    if approximate == "tanh":
+        inner = (a + a * a * a * _C) * _K
+        t = xp.tanh(inner)
+        dinner = (a * a * (3.0 * _C) + 1.0) * _K
+        sech2 = 1.0 - t * t
+        # d/da [0.5 (1 + t) + 0.5 a sech2 dinner]
+        return sech2 * dinner + a * sech2 * (t * dinner * dinner * -1.0 + a * (3.0 * _C * _K))
+    pdf = xp.exp(a * a * -0.5) * _INV_SQRT_2PI
+    return pdf * (2.0 - a * a)
+
+
+def _meta(a: Tensor, approximate: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if a._dtype.kind not in "fc":
+        raise OpError(f"gelu: input dtype {a._dtype} is not floating point")
+    return a._shape, a._dtype
+
+
+def _gelu_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    (a,) = args
+    if xp is NP:
+        return (_gelu_grad_kernel(g, a, kw["approximate"]),)
+    return (apply(OP_GELU_BACKWARD, (g, a), kw),)
+
+
+def _bwd_meta(g: Any, a: Any, approximate: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return broadcast_shapes("gelu_backward", tuple(g.shape), tuple(a.shape)), np.result_type(g.dtype, a.dtype)
+
+
+def _gelu_backward_rule(xp: Any, gg: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    g, a = args
+    approx = kw["approximate"]
+    dg = da = None
+    if needs[0]:
+        dg = _gelu_grad_kernel(gg, a, approx) if xp is NP else apply(OP_GELU_BACKWARD, (gg, a), kw)
+    if needs[1]:
+        da = gg * g * _gelu_second(xp, a, approx)
+    return (dg, da)
+
+
+OP_GELU = defop("gelu", _gelu_kernel, _meta, _gelu_rule)
+OP_GELU_BACKWARD = defop("gelu_backward", _gelu_grad_kernel, _bwd_meta, _gelu_backward_rule)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """Gaussian Error Linear Unit, ``x * Phi(x)``.
+
+    Args:
+        x: Input tensor (floating point).
+        approximate: ``"none"`` (exact, erf-based; PyTorch's default) or ``"tanh"``.
+
+    Returns:
+        A tensor of ``x``'s shape and dtype.
+    """
+    _check(approximate)
+    return apply(OP_GELU, (x,), {"approximate": approximate})

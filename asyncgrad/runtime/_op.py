@@ -1,0 +1,114 @@
+"""The op table: an `Op` couples a numpy kernel, a *meta* function and a backward *rule*.
+
+The meta function gives the output's shape and dtype before the kernel runs, so an op can return a tensor
+whose value is still being computed on a lane. Rules are written once against a small array namespace
+``xp`` (`_xp`) and run two ways: with numpy arrays as one fused kernel on the node's stream (plain
+backward), or with Tensors on the loop thread so the backward itself is recorded (``create_graph=True``).
+Each op family (`asyncgrad.ops`) registers its ops here with `defop`, next to their kernels and rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+Rule = Callable[..., tuple[Any, ...]]
+
+
+
+EMPTY: dict[str, Any] = {}
+
+
+
+_NUMERIC_DTYPES = [np.dtype(c) for c in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"]]
+
+
+
+_FLOAT_DTYPES = frozenset(d for d in _NUMERIC_DTYPES if d.kind == "f")
+
+
+
+class Op:
+    """A differentiable (or not) operation: kernel, meta and backward rule, registered by name."""
+
+    __slots__ = (
+        "any_kind", "cast_in", "fast_dtypes", "fast_kinds", "fills_out", "kernel", "meta", "name", "rule",
+        "save_out", "saves", "saves0", "saves_none", "view",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        kernel: Callable[..., Any],
+        meta: Callable[..., tuple[tuple[int, ...], np.dtype[Any]]],
+        rule: Rule | None = None,
+        save_out: bool = False,
+        cast_in: bool = False,
+        fast_kinds: str = "",
+        saves: tuple[int, ...] | None = None,
+        view: bool = False,
+    ) -> None:
+        self.name = name
+        # the kernel returns a view of arg 0 (reshape, permute, ...): the output shares its version counter
+        self.view = view
+        self.kernel = kernel
+        self.meta = meta
+        self.rule = rule
+        self.save_out = save_out
+        # the positional args whose values the rule reads (None: every tensor arg, the safe default): their
+        # versions are recorded with the node and checked before its backward runs (PyTorch's "modified by
+        # an inplace operation"); () for rules that read only shapes, dtypes or devices
+        self.saves = saves
+        self.saves_none = saves == ()
+        self.saves0 = saves is None or 0 in saves  # reads arg 0 (the fast initialisers' one tensor)
+        # the kernel computes in the result dtype: array operands of another dtype are cast first
+        # (int / 2 divides in float32 like PyTorch, instead of in float64 and casting the result)
+        self.cast_in = cast_in
+        # elementwise ops (`apply1`/`apply2`): the dtype kinds for which the kernel, given operands of
+        # one dtype (or a Python int/bool, or for "f"/"c" any Python number), already returns PyTorch's
+        # result dtype, so the inline fast paths may skip the meta function
+        self.fast_kinds = fast_kinds
+        # the same as dtypes: a set lookup costs half of `dtype.kind in fast_kinds` on the per-op path
+        self.fast_dtypes = frozenset(d for d in _NUMERIC_DTYPES if d.kind in fast_kinds)
+        self.any_kind = fast_kinds == "biufc"  # then same-dtype operands skip the dtype test
+        # a ufunc can write a large result into a buffer from the lane's host cache (see `_enqueue`)
+        self.fills_out = isinstance(kernel, np.ufunc)
+
+    def __repr__(self) -> str:
+        return f"<Op {self.name}>"
+
+
+
+OPS: dict[str, Op] = {}
+
+
+
+def defop(
+    name: str,
+    kernel: Callable[..., Any],
+    meta: Callable[..., Any],
+    rule: Rule | None = None,
+    *,
+    save_out: bool = False,
+    cast_in: bool = False,
+    fast_kinds: str = "",
+    saves: tuple[int, ...] | None = None,
+    view: bool = False,
+) -> Op:
+    """Register an op in the table (one entry per name; rules live next to their forwards)."""
+    if name in OPS:
+        raise ValueError(f"op {name!r} is already registered")
+    op = OPS[name] = Op(name, kernel, meta, rule, save_out, cast_in, fast_kinds, saves, view)
+    return op
+
+
+
+class OpError(ValueError):
+    """Bad input to an op: wrong shapes, dtypes or devices."""
+
+
+
+def camel(name: str) -> str:
+    return "".join(p[:1].upper() + p[1:] for p in name.split("_"))
