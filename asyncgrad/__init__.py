@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _tensor_methods, autograd, ops, runtime  # noqa: F401  (_tensor_methods binds Tensor's methods)
+from . import _tensor_methods, autograd, nn, ops, optim, runtime  # noqa: F401  (_tensor_methods binds Tensor's methods)  # noqa: E402  (built on the names above)
 from .autograd import BackwardError, Function, FunctionCtx, backward, checkpoint, grad, once_differentiable
 from .ops import *  # noqa: F403
 from .runtime import (
     OPS,
-    NoRuntimeError,
     Node,
+    NoRuntimeError,
     Op,
     OpError,
     OpNode,
@@ -70,8 +70,6 @@ from .runtime import (
     zeros_like,
 )
 
-from . import nn, optim  # noqa: E402  (built on the names above)
-
 if TYPE_CHECKING:
     from . import hosting
 
@@ -87,13 +85,13 @@ bool = np.dtype("bool")
 
 __version__ = "0.1.0"
 __all__ = [
+    "OPS",
     "BackwardError",
     "Function",
     "FunctionCtx",
     "MaxResult",
     "NoRuntimeError",
     "Node",
-    "OPS",
     "Op",
     "OpError",
     "OpNode",

@@ -52,12 +52,11 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     out = node.out
     gd = g._data
     s = g._stream
-    if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and (s is None or s.completed >= g._seq):
+    if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and is_ready(g):
         arrays = []
         for a in args:
             if isinstance(a, Tensor):
-                s = a._stream
-                if (s is not None and s.completed < a._seq) or a._data is None:
+                if not is_ready(a):
                     break
                 arrays.append(a._data)
             else:

@@ -235,14 +235,14 @@ class Stream:
 
     __slots__ = (
         "__weakref__",
-        "completed",
         "_error",
         "_lane",
-        "submitted",
         "_waiters",
+        "completed",
         "device",
         "name",
         "pass_marks",
+        "submitted",
     )
 
     def __init__(self, device: Device, lane: Lane) -> None:

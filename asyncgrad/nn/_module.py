@@ -14,8 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..runtime import Tensor, current_runtime, no_grad
-from ..runtime import HookTable, RemovableHandle, add_hook
+from ..runtime import HookTable, RemovableHandle, Tensor, add_hook, current_runtime, get_default_dtype, no_grad
 
 __all__ = ["Module", "Parameter", "load_state_dict_file", "save_state_dict"]
 
@@ -47,8 +46,6 @@ class Parameter(metaclass=_ParameterMeta):
         else:
             arr = np.asarray(data)
             if arr.dtype == np.float64 and not isinstance(data, np.ndarray):
-                from ..runtime import get_default_dtype
-
                 arr = arr.astype(get_default_dtype())
             dev = current_runtime("nn.Parameter").device("cpu" if device is None else device)
         p = Tensor._wrap(arr, dev)

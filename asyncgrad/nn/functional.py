@@ -27,10 +27,10 @@ from ..ops import (
     nll_loss,
 )
 from ..ops import gelu as _gelu_op
-from ..runtime import OpError, Tensor, apply, defop
 from ..ops import legacy_reduction as _reduction
 from ..ops import reduce_loss as _reduce
 from ..ops import weighted_loss as _weighted
+from ..runtime import OpError, Tensor, apply, defop
 
 __all__ = [
     "avg_pool2d",

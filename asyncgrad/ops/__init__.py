@@ -41,6 +41,11 @@ from ._elementwise import (
 )
 from ._index import gather, getitem, index_select, scatter, scatter_add
 from ._linalg import addmm, bmm, dot, einsum, matmul, mm, outer
+
+# helpers nn.functional's losses share with these (not exported at the top level)
+from ._loss import _reduce as reduce_loss
+from ._loss import _reduction as legacy_reduction
+from ._loss import _weighted as weighted_loss
 from ._loss import binary_cross_entropy_with_logits, clip, cross_entropy, mse_loss, nll_loss
 from ._math import (
     allclose,
@@ -118,11 +123,6 @@ from ._shape import (
     unsqueeze,
 )
 from ._sort import SortResult, TopkResult, argsort, argwhere, masked_select, nonzero, sort, topk
-
-# helpers nn.functional's losses share with these (not exported at the top level)
-from ._loss import _reduce as reduce_loss
-from ._loss import _reduction as legacy_reduction
-from ._loss import _weighted as weighted_loss
 
 __all__ = [
     "MaxResult",

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import Tensor, empty_like_contract, no_grad
-from ..runtime import inplace
+from ..runtime import Tensor, empty_like_contract, inplace, no_grad
 
 __all__ = ["Optimizer", "fused_update", "state_like"]
 

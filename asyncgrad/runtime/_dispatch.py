@@ -19,7 +19,7 @@ from . import _grad_mode
 from ._node import OpNode
 from ._op import _FLOAT_DTYPES, EMPTY, Op, OpError
 from ._runtime import _NO_RUNTIME, NoRuntimeError, _current, current_stream
-from ._tensor import Tensor, share_version
+from ._tensor import Tensor, is_ready, share_version
 
 
 def _no_runtime(op: Op) -> None:
@@ -41,9 +41,8 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
                 dev = a._dev
             elif a._dev is not dev:
                 _device_mismatch(op, args)
-            s = a._stream
             # no array on a completed stream: its kernel was dropped (a failed stream, a closing runtime)
-            if (s is not None and s.completed < a._seq) or a._data is None:
+            if not is_ready(a):
                 ready = False
             if a._rg:
                 rg = True
@@ -111,11 +110,9 @@ def apply1(op: Op, a: Any) -> Any:
     rt = _current.get()
     if rt is None or rt.closed:
         _no_runtime(op)
-    s = a._stream
     data = a._data
     if (
-        (s is None or s.completed >= a._seq)
-        and data is not None
+        is_ready(a)
         and data.size <= INLINE_MAX_ELEMENTS
         and (op.any_kind or a._dtype in op.fast_dtypes)  # else the meta decides (sqrt of an int: float32)
     ):
@@ -140,16 +137,13 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
     T = Tensor
     if type(a) is T:
         if type(b) is T:
-            s, t = a._stream, b._stream
             if (
                 a._shape == b._shape
                 and a._dtype is b._dtype
                 and (op.any_kind or a._dtype in op.fast_dtypes)
                 and a._dev is b._dev
-                and (s is None or s.completed >= a._seq)
-                and (t is None or t.completed >= b._seq)
-                and a._data is not None
-                and b._data is not None
+                and is_ready(a)
+                and is_ready(b)
                 and a._data.size <= INLINE_MAX_ELEMENTS
             ):
                 out = T._wrap(op.kernel(a._data, b._data), a._dev)
@@ -160,10 +154,8 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                     out._rg = True
                 return out
         elif type(b) in _SCALARS:
-            s = a._stream
             if (
-                (s is None or s.completed >= a._seq)
-                and a._data is not None
+                is_ready(a)
                 and a._data.size <= INLINE_MAX_ELEMENTS
                 and (a._dtype in _FLOAT_DTYPES or _scalar_fast(op, a._dtype.kind, b))
             ):
@@ -175,10 +167,8 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                     out._rg = True
                 return out
     elif type(b) is T and type(a) in _SCALARS:
-        s = b._stream
         if (
-            (s is None or s.completed >= b._seq)
-            and b._data is not None
+            is_ready(b)
             and b._data.size <= INLINE_MAX_ELEMENTS
             and (b._dtype in _FLOAT_DTYPES or _scalar_fast(op, b._dtype.kind, a))
         ):
@@ -240,7 +230,7 @@ def _enqueue(
 def wait_for(t: Tensor, stream: Stream) -> None:
     """Order ``stream`` after the pending work that produces ``t`` (a cross-stream event, if needed)."""
     s = t._stream
-    if s is not None and s is not stream and s.completed < t._seq:
+    if s is not None and s is not stream and not s.is_done(t._seq):
         if s.device is not stream.device:
             s.synchronize_blocking(t._seq)  # cross-device: host-side wait (rare)
         else:

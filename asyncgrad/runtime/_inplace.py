@@ -38,13 +38,8 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
         else:
             vc[0] += 1  # the cell is shared with t's views and base
     stream = current_stream(t._dev)
-    ready = t._data is not None and (t._stream is None or t._stream.completed >= t._seq)
-    for o in others:
-        if isinstance(o, Tensor) and (
-            o._data is None or (o._stream is not None and o._stream.completed < o._seq)
-        ):
-            ready = False
-    if ready and stream.completed >= stream.submitted and t.numel() <= INLINE_MAX_ELEMENTS:
+    ready = is_ready(t) and all(is_ready(o) for o in others if isinstance(o, Tensor))
+    if ready and stream.query() and t.numel() <= INLINE_MAX_ELEMENTS:
         fn(t._value(), *[o._value() if isinstance(o, Tensor) else o for o in others])
         return t
     wait_for(t, stream)
@@ -75,7 +70,7 @@ def scaled_update(p: Tensor, tmp: Tensor, ufunc: Any) -> Tensor | None:
         (ufunc is not np.add and ufunc is not np.subtract)
         or stream is None
         or tmp._seq != stream.submitted  # a later kernel may read tmp
-        or stream.completed >= tmp._seq  # computed already
+        or stream.is_done(tmp._seq)  # computed already
         or p._shape != tmp._shape
         or p._dtype is not tmp._dtype
         or p._dev is not tmp._dev
