@@ -46,7 +46,9 @@ class _Inputs:
             else:
                 continue
             if arr.dtype.kind not in "fc":
-                raise TypeError(f"gradcheck: input {i} has dtype {arr.dtype}; differentiated inputs must be floating point")
+                raise TypeError(
+                    f"gradcheck: input {i} has dtype {arr.dtype}; differentiated inputs must be floating point"
+                )
             self.slots.append(i)
             self.arrays.append(np.array(arr, dtype=np.float64, order="K", copy=True))
         if not self.slots:

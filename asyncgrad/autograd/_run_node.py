@@ -51,7 +51,6 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
     out = node.out
     gd = g._data
-    s = g._stream
     if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and is_ready(g):
         arrays = []
         for a in args:

@@ -22,14 +22,14 @@ from ..ops import (
     dropout,
     embedding,
     layer_norm,
+    legacy_reduction,
     max_pool2d,
     mse_loss,
     nll_loss,
+    reduce_loss,
+    weighted_loss,
 )
 from ..ops import gelu as _gelu_op
-from ..ops import legacy_reduction as _reduction
-from ..ops import reduce_loss as _reduce
-from ..ops import weighted_loss as _weighted
 from ..runtime import OpError, Tensor, apply, defop
 
 __all__ = [
@@ -239,9 +239,9 @@ def l1_loss(
     weight: Tensor | None = None,
 ) -> Tensor:
     """Mean absolute error ``|input - target|`` (with ``weight``, 'mean' is ``sum(w*|d|) / sum(w)``)."""
-    reduction = _reduction(size_average, reduce, reduction)
+    reduction = legacy_reduction(size_average, reduce, reduction)
     target = _loss_shapes("l1_loss", input, target)
-    return _weighted(_ops.abs(input - target), weight, input, reduction, True)
+    return weighted_loss(_ops.abs(input - target), weight, input, reduction, True)
 
 
 def smooth_l1_loss(
@@ -253,30 +253,30 @@ def smooth_l1_loss(
     beta: float = 1.0,
 ) -> Tensor:
     """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (``d = input - target``)."""
-    reduction = _reduction(size_average, reduce, reduction)
+    reduction = legacy_reduction(size_average, reduce, reduction)
     if beta < 0:
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
     target = _loss_shapes("smooth_l1_loss", input, target)
     d = input - target
     ad = _ops.abs(d)
     if beta == 0.0:
-        return _reduce(ad, reduction)
+        return reduce_loss(ad, reduction)
     loss = _ops.where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta)
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 def huber_loss(
     input: Tensor, target: Any, reduction: str = "mean", delta: float = 1.0, weight: Tensor | None = None
 ) -> Tensor:
     """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (with ``weight``: mean of ``w*l``)."""
-    reduction = _reduction(None, None, reduction)
+    reduction = legacy_reduction(None, None, reduction)
     if delta <= 0:
         raise RuntimeError("huber_loss does not support non-positive values for delta.")
     target = _loss_shapes("huber_loss", input, target)
     d = input - target
     ad = _ops.abs(d)
     loss = _ops.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)
-    return _weighted(loss, weight, input, reduction, False)
+    return weighted_loss(loss, weight, input, reduction, False)
 
 
 def _bce_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
@@ -337,7 +337,7 @@ def binary_cross_entropy(
         weight: Rescales each element's loss (broadcast to ``input``; not differentiated).
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
     """
-    reduction = _reduction(size_average, reduce, reduction)
+    reduction = legacy_reduction(size_average, reduce, reduction)
     if input.dtype.kind not in "fc":
         raise OpError(f"binary_cross_entropy: expected a floating point input, got dtype {input.dtype}")
     if not isinstance(target, Tensor):
@@ -349,7 +349,7 @@ def binary_cross_entropy(
         )
     if weight is not None:
         weight = weight.detach()
-    return _reduce(apply(OP_BCE, (input, target, weight)), reduction)
+    return reduce_loss(apply(OP_BCE, (input, target, weight)), reduction)
 
 
 def _xlogy_self(t: Tensor) -> Tensor:
@@ -376,9 +376,9 @@ def kl_div(
     """
     if reduction == "batchmean":
         if size_average is not None or reduce is not None:
-            reduction = _reduction(size_average, reduce, "mean")
+            reduction = legacy_reduction(size_average, reduce, "mean")
     else:
-        reduction = _reduction(size_average, reduce, reduction)
+        reduction = legacy_reduction(size_average, reduce, reduction)
     if reduction == "mean":
         warnings.warn(
             "reduction: 'mean' divides the total loss by both the batch size and the support size."
@@ -396,7 +396,7 @@ def kl_div(
         if input.ndim == 0:
             return loss.sum()  # type: ignore[attr-defined,no-any-return]
         return loss.sum() / input.shape[0]  # type: ignore[attr-defined,no-any-return]
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 # ---- one_hot, pad, normalize ------------------------------------------------------------------------

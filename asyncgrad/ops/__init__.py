@@ -41,12 +41,12 @@ from ._elementwise import (
 )
 from ._index import gather, getitem, index_select, scatter, scatter_add
 from ._linalg import addmm, bmm, dot, einsum, matmul, mm, outer
+from ._loss import binary_cross_entropy_with_logits, clip, cross_entropy, mse_loss, nll_loss
 
 # helpers nn.functional's losses share with these (not exported at the top level)
-from ._loss import _reduce as reduce_loss
-from ._loss import _reduction as legacy_reduction
-from ._loss import _weighted as weighted_loss
-from ._loss import binary_cross_entropy_with_logits, clip, cross_entropy, mse_loss, nll_loss
+from ._loss import legacy_reduction as legacy_reduction
+from ._loss import reduce_loss as reduce_loss
+from ._loss import weighted_loss as weighted_loss
 from ._math import (
     allclose,
     ceil,

@@ -54,7 +54,7 @@ clip = clamp
 # ---- losses ----------------------------------------------------------------------------------------------
 
 
-def _reduction(size_average: Any, reduce: Any, reduction: str) -> str:
+def legacy_reduction(size_average: Any, reduce: Any, reduction: str) -> str:
     if size_average is not None or reduce is not None:  # PyTorch's legacy arguments
         sa = True if size_average is None else size_average
         rd = True if reduce is None else reduce
@@ -64,7 +64,7 @@ def _reduction(size_average: Any, reduce: Any, reduction: str) -> str:
     return reduction
 
 
-def _reduce(loss: Tensor, reduction: str) -> Tensor:
+def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
         return loss.mean()  # type: ignore[attr-defined,no-any-return]
     if reduction == "sum":
@@ -72,11 +72,11 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
     return loss
 
 
-def _weighted(loss: Tensor, weight: Tensor | None, input: Tensor, reduction: str, mean_by_weight: bool) -> Tensor:
+def weighted_loss(loss: Tensor, weight: Tensor | None, input: Tensor, reduction: str, mean_by_weight: bool) -> Tensor:
     """Reduce an elementwise loss, weighted per element by ``weight`` if given (``mean_by_weight``: the
     weighted 'mean' divides by the sum of the weights, not by the count)."""
     if weight is None:
-        return _reduce(loss, reduction)
+        return reduce_loss(loss, reduction)
     if tuple(weight.shape) != tuple(input.shape):
         raise ValueError(
             f"loss weight has shape {tuple(weight.shape)} but the input has {tuple(input.shape)}; they must match"
@@ -84,7 +84,7 @@ def _weighted(loss: Tensor, weight: Tensor | None, input: Tensor, reduction: str
     wl = loss * weight
     if reduction == "mean" and mean_by_weight:
         return wl.sum() / weight.sum()  # type: ignore[attr-defined,no-any-return]
-    return _reduce(wl, reduction)
+    return reduce_loss(wl, reduction)
 
 
 def _class_targets(op: str, x: Tensor, target: Any) -> Any:
@@ -292,7 +292,7 @@ def cross_entropy(
     ``ignore_index`` targets contribute nothing (and are left out of the mean's denominator);
     ``label_smoothing`` mixes the targets with the uniform distribution.
     """
-    reduction = _reduction(size_average, reduce, reduction)
+    reduction = legacy_reduction(size_average, reduce, reduction)
     ls = float(label_smoothing)
     if not 0.0 <= ls <= 1.0:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0, got {ls}")
@@ -334,7 +334,7 @@ def _cross_entropy_probs(x: Tensor, target: Any, weight: Any, reduction: str, ls
     loss = -prod.sum(cdim)  # type: ignore[attr-defined]
     if reduction == "mean":
         return loss.sum() / (x.numel() // c)  # type: ignore[no-any-return]
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 def _nll_kernel(x: np.ndarray, t: np.ndarray, w: Any, ignore_index: int, reduction: str) -> np.ndarray:
@@ -377,7 +377,7 @@ def nll_loss(
     reduction: str = "mean",
 ) -> Tensor:
     """Negative log-likelihood of class-index targets given log-probabilities (``F.nll_loss``)."""
-    reduction = _reduction(size_average, reduce, reduction)
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _float_check("nll_loss", input)
     if weight is not None:
         weight = weight.detach()
@@ -399,10 +399,10 @@ def mse_loss(
     weight: Tensor | None = None,
 ) -> Tensor:
     """Mean squared error (``torch.nn.functional.mse_loss``; with ``weight``, 'mean' is sum(w*se)/sum(w))."""
-    reduction = _reduction(size_average, reduce, reduction)
+    reduction = legacy_reduction(size_average, reduce, reduction)
     d = input - target
     se = d * d
-    return _weighted(se, weight, input, reduction, True)
+    return weighted_loss(se, weight, input, reduction, True)
 
 
 def _bce_meta(x: Tensor, t: Any, w: Any, pw: Any) -> Any:
@@ -455,7 +455,7 @@ def binary_cross_entropy_with_logits(
 
     ``pos_weight`` weighs positive examples (broadcast along the last dim, i.e. per class).
     """
-    reduction = _reduction(size_average, reduce, reduction)
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _float_check("binary_cross_entropy_with_logits", input)
     if not isinstance(target, Tensor):
         target = np.asarray(target, dtype=input.dtype)
@@ -464,7 +464,7 @@ def binary_cross_entropy_with_logits(
             f"Target size ({tuple(target.shape)}) must be the same as input size ({tuple(input.shape)})"
         )
     loss = apply(OP_BCE_LOGITS, (input, target, weight, pos_weight))
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 # ---- Tensor methods ------------------------------------------------------------------------------------

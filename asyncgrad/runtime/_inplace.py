@@ -17,7 +17,7 @@ from ..devices import INLINE_MAX_ELEMENTS, add_scaled
 from . import _grad_mode
 from ._dispatch import wait_for
 from ._runtime import current_stream
-from ._tensor import Tensor
+from ._tensor import Tensor, is_ready
 
 
 def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True) -> Tensor:
