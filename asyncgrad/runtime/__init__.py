@@ -18,6 +18,7 @@ from ._apply import BackwardError
 from ._autograd import backward, grad
 from ._checkpoint import checkpoint
 from ._dispatch import OPS, Node, Op, OpError, OpNode, apply, defop
+from ._external import stream_work, submit_on
 from ._factories import (
     arange,
     default_generator,
@@ -153,6 +154,7 @@ from ._ops_shape2 import (
     unflatten,
 )
 from ._ops_sort import SortResult, TopkResult, argsort, argwhere, masked_select, nonzero, sort, topk
+from ._registry import queue_callback
 from ._runtime import NoRuntimeError, Runtime, RuntimeStatistics, current_runtime, open_runtime, run
 from ._tensor import Tensor
 
@@ -299,6 +301,7 @@ __all__ = [
     "permute",
     "pow",
     "prod",
+    "queue_callback",
     "rand",
     "rand_like",
     "randint",
@@ -329,7 +332,9 @@ __all__ = [
     "squeeze",
     "stack",
     "std",
+    "stream_work",
     "sub",
+    "submit_on",
     "sum",
     "swapaxes",
     "swapdims",
