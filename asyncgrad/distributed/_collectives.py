@@ -185,6 +185,7 @@ def issue(
     writes: Sequence[ag.Tensor] | None = None,
     nbytes: int = 0,
     device: Any = None,
+    after_caller: bool = True,
 ) -> Work:
     """Queue ``body(*arrays, deadline=...)`` on ``group``'s comm stream as one collective job."""
     group._check_usable(what)
@@ -210,7 +211,7 @@ def issue(
         group._note_done(what, nbytes, start, time.perf_counter())
 
     group._note_issued()
-    seq = ag.submit_on(stream, job, list(tensors), writes=writes)
+    seq = ag.submit_on(stream, job, list(tensors), writes=writes, after_caller=after_caller)
     return Work(group, stream, seq, box, result, what)
 
 
@@ -224,7 +225,8 @@ def _tensor(t: Any, what: str) -> ag.Tensor:
 
 
 def all_reduce_nowait(
-    t: ag.Tensor, op: str = "sum", group: ProcessGroup | None = None, *, check: bool = True
+    t: ag.Tensor, op: str = "sum", group: ProcessGroup | None = None, *, check: bool = True,
+    after_caller: bool = True,
 ) -> Work:
     """Issue an in-place all-reduce of ``t`` over ``group``; the `Work`'s result is ``t``.
 
@@ -234,6 +236,9 @@ def all_reduce_nowait(
         group: The process group (default: the default group).
         check: Compare shape, dtype and layout across the ranks first (one small all-gather). False is for
             callers that verified them once already (DistributedDataParallel's buckets).
+        after_caller: Also wait for everything the calling task queued before (a kernel that may still read
+            ``t``). False orders it only after the kernels producing ``t``: what lets DDP's buckets start
+            while the rest of the backward still runs.
     """
     what = "all_reduce"
     t = _tensor(t, what)
@@ -257,7 +262,7 @@ def all_reduce_nowait(
         if flat is None:
             np.copyto(arr, buf.reshape(arr.shape))
 
-    return issue(g, what, [t], body, t, nbytes=t.numel() * t.element_size())
+    return issue(g, what, [t], body, t, nbytes=t.numel() * t.element_size(), after_caller=after_caller)
 
 
 async def all_reduce(

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("mpi4py")
 
-from ._launch import describe, launch  # noqa: E402
+from ._launch import describe, launch
 
 TOL = 1e-10
 

@@ -8,8 +8,10 @@ How a step goes (PyTorch's Reducer, on asyncgrad's streams):
   others ``bucket_cap_mb``. Each parameter has a *view* into its bucket with the parameter's own strides
   (the gradient layout contract: a channels-last weight gets a channels-last view).
 * One post-accumulate-grad hook per parameter, registered through handles the reducer keeps. When a
-  backward pass commits, each hook marks its parameter ready; a bucket whose parameters are all ready is
-  *launched*: one job on the group's comm stream (ordered after the kernels producing the gradients, by
+  backward pass commits, each hook marks its parameter ready (or, when every ``.grad`` was None before the
+  pass, a hook that the forward put on the graph node computing each parameter's gradient marks it ready
+  during the graph walk, as soon as that gradient's kernel is queued); a bucket whose parameters are all
+  ready is *launched*: one job on the group's comm stream (ordered after the kernels producing the gradients, by
   events) copies each gradient into the bucket while dividing it by the world size (one pass), all-reduces
   the bucket in place, and copies the result back into ``.grad``. Buckets launch in index order on every
   rank. The jobs run on the comm lane while the compute lane is still working through the backward's
@@ -112,10 +114,19 @@ def assign_buckets(params: list[ag.Tensor], order: list[int], cap_bytes: int, fi
 class _Pass:
     """One synchronized backward pass of the reducer."""
 
-    __slots__ = ("arrival", "callback_queued", "finished", "next_launch", "pending", "ready", "works")
+    __slots__ = (
+        "arrival", "callback_queued", "delivered", "early", "early_pass", "finished", "launched", "next_launch",
+        "pending", "ready", "source", "waiting", "works",
+    )
 
     def __init__(self, n_params: int, buckets: list[_Bucket]) -> None:
         self.ready = [False] * n_params
+        self.source: list[Any] = [None] * n_params  # the gradient each parameter contributes
+        self.early = [False] * n_params  # marked ready during the graph walk (before the commit)
+        self.delivered = [False] * n_params
+        self.launched = [False] * len(buckets)
+        self.waiting: list[list[int]] = [[] for _ in buckets]  # early params to deliver once launched
+        self.early_pass = False
         self.pending = [len(b.members) for b in buckets]
         self.next_launch = 0
         self.works: list[Any] = []  # per launched bucket: (awaitable, grads written, hook result?)
@@ -149,7 +160,8 @@ class _Reducer:
         self.cap_bytes = cap_bytes
         self.as_view = gradient_as_bucket_view
         self.find_unused = find_unused
-        self.stream = group.comm_stream(params[0].device) if params else None
+        device = params[0].device if params else ag.current_runtime("DistributedDataParallel").cpu
+        self.stream = group.comm_stream(device)
         self.comm_hook: Callable[..., Any] | None = None
         self.comm_state: Any = None
         self.rebuilt = False
@@ -182,6 +194,45 @@ class _Reducer:
         self.sync_next = sync
         self.pass_ = _Pass(len(self.params), self.buckets) if sync else None
 
+    def watch_graph(self, outputs: Any) -> None:
+        """Start each bucket during the graph walk: a hook on every node that computes a parameter's gradient
+        marks the parameter ready as soon as that gradient is queued, long before the pass commits.
+
+        Only where it gives what averaging `.grad` gives: every `.grad` is None before the pass (the usual
+        ``zero_grad()`` loop), each parameter is an input of exactly one node, and no comm hook is set.
+        Otherwise the post-accumulate hooks do it all at the commit.
+        """
+        ps = self.pass_
+        if ps is None or self.comm_hook is not None or any(p.grad is not None for p in self.params):
+            return
+        index = {id(p): i for i, p in enumerate(self.params)}
+        edges: dict[int, list[tuple[Any, int]]] = {}
+        for node, k, var in _leaf_edges(outputs):
+            i = index.get(id(var))
+            if i is not None:
+                edges.setdefault(i, []).append((node, k))
+        if any(len(e) > 1 for e in edges.values()):
+            return  # a shared parameter: its gradient is a sum the walk sees in parts
+        by_node: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
+        for i, ((node, k),) in edges.items():
+            by_node.setdefault(id(node), (node, []))[1].append((k, i))
+        ps.early_pass = True
+        me = weakref.ref(self)
+        for node, slots in by_node.values():
+            node.register_hook(_make_node_hook(me, ps, slots))
+
+    def on_walk(self, ps: _Pass, slots: list[tuple[int, int]], grad_inputs: tuple[Any, ...]) -> None:
+        if ps is not self.pass_ or ps.finished:
+            return
+        if not ps.arrival:
+            for j in self.unused:
+                self._mark_ready(ps, j, None)
+        for k, i in slots:
+            g = grad_inputs[k]
+            if g is not None and not ps.ready[i]:
+                ps.early[i] = True
+                self._mark_ready(ps, i, g)
+
     def on_grad(self, i: int, p: ag.Tensor) -> None:
         """A parameter's post-accumulate hook: mark it ready; launch every bucket that is full, in order."""
         if not self.sync_next:
@@ -192,38 +243,74 @@ class _Reducer:
         if not ps.callback_queued:
             ag.queue_callback(lambda ps=ps: self.finalize(ps))
             ps.callback_queued = True
-            for j in self.unused:  # find_unused_parameters: parameters the forward did not reach
-                self._mark_ready(ps, j)
+            if not ps.arrival:
+                for j in self.unused:  # find_unused_parameters: parameters the forward did not reach
+                    self._mark_ready(ps, j, None)
+        if ps.early[i] and not ps.delivered[i]:
+            # its share went into the bucket during the walk: the committed .grad gets the average
+            ps.delivered[i] = True
+            b, _ = self.where[i]
+            if ps.launched[b]:
+                self._deliver(i)
+            else:
+                ps.waiting[b].append(i)
+            return
         if ps.ready[i]:
             raise RuntimeError(
                 f"DistributedDataParallel: expected to mark parameter {self.names[i]!r} ready only once per "
                 "iteration, but its gradient arrived twice (used by two backward passes of one forward, or by "
                 "a reentrant checkpoint); run one backward per forward, or use no_sync() for the extra passes"
             )
-        self._mark_ready(ps, i)
+        self._mark_ready(ps, i, p.grad)
 
-    def _mark_ready(self, ps: _Pass, i: int) -> None:
+    def _mark_ready(self, ps: _Pass, i: int, source: Any) -> None:
         ps.ready[i] = True
+        ps.source[i] = source
         ps.arrival.append(i)
         b, _ = self.where[i]
         ps.pending[b] -= 1
         while ps.next_launch < len(self.buckets) and ps.pending[ps.next_launch] == 0:
-            self._launch(ps, self.buckets[ps.next_launch])
+            b = ps.next_launch
+            self._launch(ps, self.buckets[b])
+            ps.launched[b] = True
             ps.next_launch += 1
+            for j in ps.waiting[b]:
+                self._deliver(j)
+            ps.waiting[b].clear()
+
+    def _deliver(self, i: int) -> None:
+        """Give parameter ``i`` (whose share was copied in during the walk) its averaged gradient."""
+        b, slot = self.where[i]
+        bucket = self.buckets[b]
+        p = self.params[i]
+        if self.as_view or p.grad is None:
+            p.grad = bucket.views[slot]
+            return
+        view = bucket.view_arrays[slot]
+
+        def back(buf: np.ndarray, garr: np.ndarray) -> None:
+            np.copyto(garr, view)
+
+        ag.submit_on(self.stream, back, [bucket.tensor, p.grad], writes=[p.grad], after_caller=False)  # type: ignore[arg-type]
 
     def _launch(self, ps: _Pass, bucket: _Bucket) -> None:
         """Queue the bucket's copy-in (dividing by the world size), all-reduce and copy-back."""
         params = self.params
-        grads: list[ag.Tensor | None] = [params[j].grad for j in bucket.members]
+        grads: list[ag.Tensor | None] = [ps.source[j] for j in bucket.members]
         modes = []  # per member: 0 no grad (zeros), 1 copy into the bucket, 2 .grad is the bucket view already
         for slot, g in enumerate(grads):
             modes.append(0 if g is None else 2 if g is bucket.views[slot] else 1)
+        late = [not ps.early[j] for j in bucket.members]
         if self.as_view:
             for slot, j in enumerate(bucket.members):
-                if modes[slot] == 1:
+                if modes[slot] == 1 and late[slot]:
                     params[j].grad = bucket.views[slot]  # from now on backward accumulates into the bucket
         live: list[ag.Tensor] = [g for g, m in zip(grads, modes) if m == 1 and g is not None]
-        copy_back: list[ag.Tensor] = [] if self.as_view else live
+        # early members get theirs when their .grad is committed (`_deliver`)
+        copy_back: list[ag.Tensor] = (
+            [] if self.as_view else [g for g, m, lt in zip(grads, modes, late) if m == 1 and lt and g is not None]
+        )
+        back_slots = [slot for slot, (m, lt) in enumerate(zip(modes, late)) if m == 1 and lt]
         scale = 1.0 if self.comm_hook is not None else 1.0 / self.world
         views = bucket.view_arrays
         hooked = self.comm_hook is not None
@@ -242,7 +329,11 @@ class _Reducer:
                     v.fill(0)
 
         # the copy-in (one pass, dividing unless a hook decides), then the reduction, on the comm stream
-        ag.submit_on(self.stream, copy_in, [bucket.tensor, *live], writes=[bucket.tensor, *bucket.views])  # type: ignore[arg-type]
+        # ordered after the kernels producing these gradients only, not after the whole backward queued on
+        # this stream: that is the overlap (the backward's later kernels never touch the bucket)
+        ag.submit_on(
+            self.stream, copy_in, [bucket.tensor, *live], writes=[bucket.tensor, *bucket.views], after_caller=False
+        )
         if hooked:
             gb = dist.comm_hooks.GradBucket(
                 bucket.index, bucket.tensor, [params[j] for j in bucket.members], list(bucket.offsets),
@@ -251,17 +342,14 @@ class _Reducer:
             ps.works.append((self.comm_hook(self.comm_state, gb), bucket, copy_back, modes))  # type: ignore[misc]
             return
         # every rank built the same buckets from verified parameters: no per-step layout check
-        work = dist.all_reduce_nowait(bucket.tensor, "sum", self.group, check=False)
+        work = dist.all_reduce_nowait(bucket.tensor, "sum", self.group, check=False, after_caller=False)
         if copy_back:
 
             def back(buf: np.ndarray, *garrs: np.ndarray) -> None:
-                k = 0
-                for slot, m in enumerate(modes):
-                    if m == 1:
-                        np.copyto(garrs[k], views[slot])
-                        k += 1
+                for garr, slot in zip(garrs, back_slots):
+                    np.copyto(garr, views[slot])
 
-            ag.submit_on(self.stream, back, [bucket.tensor, *copy_back], writes=copy_back)  # type: ignore[arg-type]
+            ag.submit_on(self.stream, back, [bucket.tensor, *copy_back], writes=copy_back, after_caller=False)
         ps.works.append((work, bucket, copy_back, modes))
 
     async def finalize(self, ps: _Pass) -> None:
@@ -355,6 +443,34 @@ def _make_hook(me: weakref.ref[_Reducer], i: int) -> Callable[[ag.Tensor], None]
             r.on_grad(i, p)
 
     return hook
+
+
+def _make_node_hook(me: weakref.ref[_Reducer], ps: _Pass, slots: list[tuple[int, int]]) -> Callable[..., None]:
+    def hook(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> None:
+        r = me()
+        if r is not None:
+            r.on_walk(ps, slots, grad_inputs)
+
+    return hook
+
+
+def _leaf_edges(outputs: Any) -> Iterator[tuple[Any, int, ag.Tensor]]:
+    """(node, input position, leaf) for every leaf input of every node of the graph of ``outputs``."""
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in _tensors_in(outputs) if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for k, (nxt, _) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            var = getattr(nxt, "variable", None)
+            if var is not None:
+                yield node, k, var
+            else:
+                stack.append(nxt)
 
 
 def _reachable_params(outputs: Any) -> set[int]:
@@ -483,6 +599,8 @@ class DistributedDataParallel(Module):
         if sync and self._ddp_find_unused:
             reached = _reachable_params(out)
             reducer.unused = [j for j, p in enumerate(reducer.params) if id(p) not in reached]
+        if sync:
+            reducer.watch_graph(out)
         return out
 
     @contextlib.contextmanager
