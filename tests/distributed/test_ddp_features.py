@@ -91,6 +91,14 @@ def test_unused_parameters(ranks: list[dict[str, Any]]) -> None:
         assert r["unused_error_grads_none"]
 
 
+def test_broadcast_buffers(ranks: list[dict[str, Any]]) -> None:
+    for r in ranks:
+        # with it, rank 1's overwritten running mean is replaced by rank 0's before the forward updates it;
+        # without it, each rank keeps its own
+        assert r["bn_True_rel"] <= TOL
+        assert r["bn_False_rel"] <= TOL
+
+
 def test_failed_and_cancelled_backward_leave_grads_and_reducer_usable(ranks: list[dict[str, Any]]) -> None:
     for r in ranks:
         assert r["failed"] == "boom"

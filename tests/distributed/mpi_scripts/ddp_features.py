@@ -215,6 +215,24 @@ async def main(out: str) -> None:
         res["unused_error_grads_none"] = all(p.grad is None for p in ddp.module.parameters())
         ddp.close()
 
+        # ---- broadcast_buffers: rank 0's running statistics before each synchronized forward ----
+        for flag in (True, False):
+            ag.manual_seed(rank)  # different initial buffers would be overwritten at construction anyway
+            model = nn.Sequential(nn.Linear(6, 4, dtype=ag.float64), nn.BatchNorm1d(4, dtype=ag.float64))
+            ddp = DDP(model, broadcast_buffers=flag)
+            start = np.array(model[1].running_mean.numpy())  # rank 0's, broadcast at construction
+            if rank == 1:
+                with ag.no_grad():
+                    model[1].running_mean.fill_(100.0)
+            x = X[0][part]
+            await ddp(ag.from_numpy(x)).sum().backward()
+            h = x @ model[0].weight.numpy().T + model[0].bias.numpy()
+            base = start if (flag or rank == 0) else np.full(4, 100.0)
+            want = 0.9 * base + 0.1 * h.mean(0)
+            got = model[1].running_mean.numpy()
+            res[f"bn_{flag}_rel"] = float(np.abs(got - want).max() / np.abs(want).max())
+            ddp.close()
+
         # ---- a failed backward leaves grads as they were; the reducer works after it ----
         model = mlp()
         ddp = DDP(model)
