@@ -41,6 +41,7 @@ def test_hook_counts_follow_their_owners(ranks: list[dict[str, Any]]) -> None:
 
 def test_reducer_and_its_closures_are_collected(ranks: list[dict[str, Any]]) -> None:
     for r in ranks:
+        assert r["threads_left"] == 0
         assert r["reducer_gone_after_close"] and r["hook_fn_gone_after_close"]
         assert r["reducer_gone_after_gc"]
 

@@ -68,7 +68,7 @@ async def main(out: str, mode: str) -> None:
         with open(f"{out}/rank0.json", "w") as f:
             json.dump(res, f)
     else:
-        time.sleep(TIMEOUT * 2)  # let rank 0 see its timeout before this rank's exit ends the job
+        time.sleep(TIMEOUT * 1.5)  # let rank 0 see its timeout before this rank's exit ends the job
     raise SystemExit(1 if rank == 1 else 0)
 
 

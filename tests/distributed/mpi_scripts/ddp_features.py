@@ -5,6 +5,7 @@ one process on the whole batch (every rank has all the data). Writes OUT/rank{r}
 import gc
 import json
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -79,6 +80,7 @@ async def reference(steps: list[int], build=mlp, *extra: object) -> dict:
 
 
 async def main(out: str) -> None:
+    threads_before = threading.active_count()
     g = dist.init_process_group("mpi", timeout=20)
     rank = g.rank
     part = slice(rank * 4, rank * 4 + 4)
@@ -273,9 +275,10 @@ async def main(out: str) -> None:
         await loss_of(ddp, X[2][part], Y[2][part]).backward()
         res["after_cancel_rel"] = rel(grads(model), await reference([2]))
         ddp.close()
+    dist.destroy_process_group()
+    res["threads_left"] = threading.active_count() - threads_before  # comm lanes stop with their group
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
