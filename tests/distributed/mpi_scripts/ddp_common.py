@@ -27,7 +27,7 @@ def build(kind: str) -> nn.Module:
     rng = np.random.default_rng(7)
     if kind == "mlp":
         m: nn.Module = nn.Sequential(
-            nn.Linear(64, 1024, dtype=ag.float64), nn.ReLU(), nn.Linear(1024, 256, dtype=ag.float64), nn.ReLU(),
+            nn.Linear(64, 512, dtype=ag.float64), nn.ReLU(), nn.Linear(512, 256, dtype=ag.float64), nn.ReLU(),
             nn.Linear(256, 10, dtype=ag.float64),
         )
     else:
