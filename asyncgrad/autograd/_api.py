@@ -22,7 +22,7 @@ from ..runtime._factories import zeros_like
 from ..runtime._runtime import Runtime, _task_streams, _TaskStreams, current_runtime, current_stream
 from ..runtime._tensor import Tensor
 from ._engine import GraphTask
-from ._leaf_owner import prepare_and_commit
+from ._leaf_owner import prepare_and_commit, run_queued, take_queued
 from ._run_node import in_plain_backward
 from ._trampoline import current_graph_task, trampoline_here
 
@@ -260,7 +260,13 @@ async def _finish_backward(task: GraphTask) -> None:
     create = task.create_graph
     staged = list(task.staged.values())
     task.staged.clear()
-    await prepare_and_commit(task.rt, task.stream, staged, commit=True, create_graph=create, task_id=next(_task_ids))
+    task_id = next(_task_ids)
+    try:
+        await prepare_and_commit(task.rt, task.stream, staged, commit=True, create_graph=create, task_id=task_id)
+    finally:
+        queued = take_queued(task_id)  # dropped, not run, if the commit failed (it was undone)
+    if queued is not None:
+        await run_queued(queued)
     _set_retained(task)
 
 

@@ -64,6 +64,68 @@ class Rollback:
     records: list[Any]
 
 
+class _Queued:
+    """Callbacks queued by the post-accumulate hooks of one pass, and how to undo its commits."""
+
+    __slots__ = ("callbacks", "undo")
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+        self.undo: list[tuple[LeafOwner, list[Any]]] = []
+
+
+# the pass whose post-accumulate hooks are running right now (hooks are sync: no other pass can interleave)
+_committing: int | None = None
+_queued: dict[int, _Queued] = {}
+
+
+def queue_callback(fn: Any) -> None:
+    """Run ``fn()`` (sync, or async and awaited) when the backward pass now committing has committed.
+
+    Call it from a post-accumulate-grad hook (PyTorch's ``Variable._execution_engine.queue_callback``).
+    ``await loss.backward()`` returns only after every queued callback returned. If a callback raises, or
+    the pass is cancelled while it runs, every `.grad` the pass committed is put back as it was and the
+    error reaches the caller of backward.
+    """
+    if not callable(fn):
+        raise TypeError(f"queue_callback expects a callable, got {type(fn).__name__}")
+    if _committing is None:
+        raise RuntimeError(
+            "queue_callback() can only be called from a post-accumulate-grad hook, while a backward pass "
+            "commits its gradients"
+        )
+    q = _queued.get(_committing)
+    if q is None:
+        q = _queued[_committing] = _Queued()
+    q.callbacks.append(fn)
+
+
+def take_queued(task_id: int) -> _Queued | None:
+    """The callbacks (and undo logs) queued for pass ``task_id``, removed from the table."""
+    return _queued.pop(task_id, None)
+
+
+async def run_queued(q: _Queued) -> None:
+    """Run the callbacks of a committed pass in order; if one fails (or the pass is cancelled meanwhile),
+    put back every `.grad` the pass committed, then raise."""
+    try:
+        for fn in q.callbacks:
+            r = fn()
+            if hasattr(r, "__await__"):
+                await r
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            for owner, records in reversed(q.undo):
+                try:
+                    owner.call_nowait(Rollback(records))
+                except trio.WouldBlock:
+                    await _call(owner, Rollback(records), shield=True)
+        raise
+    finally:
+        q.callbacks.clear()
+        q.undo.clear()
+
+
 class _Sync:
     """A message that does nothing: its reply means the messages queued before it were handled."""
 
@@ -159,9 +221,14 @@ class LeafOwner(Actor):
             else:  # no post-accumulate hook: nothing to undo (the common path keeps no log)
                 self._accumulate(entries, create_graph, None)
                 return None
+        global _committing
         records: list[Any] = []
+        outer = _committing
         try:
             post = self._accumulate(entries, create_graph, records)
+            # in the order the gradients were staged (produced), as PyTorch runs them as each one lands
+            post.reverse()
+            _committing = task_id
             for leaf in post:
                 for fn in list(leaf._post_hooks.values()):
                     try:
@@ -176,6 +243,11 @@ class LeafOwner(Actor):
         except Exception:
             undo(records)
             raise
+        finally:
+            _committing = outer
+        q = _queued.get(task_id)
+        if q is not None:  # a hook queued a callback: keep the undo log until the callbacks have run
+            q.undo.append((self, records))
         return records if keep_undo else None
 
     def _accumulate(self, entries: list[list[Any]], create_graph: bool, records: list[Any] | None) -> list[Any]:

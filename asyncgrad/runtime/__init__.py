@@ -6,6 +6,7 @@ the rule namespaces (`register_xp`), `asyncgrad.autograd` runs the graph of `Nod
 """
 
 from ._dispatch import apply, apply1, apply2, wait_for
+from ._external import stream_work, submit_on
 from ._factories import (
     arange,
     default_generator,
