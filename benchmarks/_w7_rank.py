@@ -49,9 +49,9 @@ def run_asyncgrad(out: str, steps: int, lanes: int) -> None:
 
         def mark_end(p: ag.Tensor) -> None:
             if armed[0]:
-                s, _ = ag.stream_work(p.grad)
+                s, _ = ag.runtime.stream_work(p.grad)
                 if s is not None:  # a job after every kernel queued on the compute stream so far
-                    ag.submit_on(s, lambda: compute_end.append(time.perf_counter()), [], after_caller=False)
+                    ag.runtime.submit_on(s, lambda: compute_end.append(time.perf_counter()), [], after_caller=False)
                 else:
                     compute_end.append(time.perf_counter())
 

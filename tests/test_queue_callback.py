@@ -1,4 +1,4 @@
-"""ag.queue_callback (run when the committing backward pass has committed) and ag.submit_on."""
+"""ag.autograd.queue_callback (run when the committing backward pass has committed) and ag.runtime.submit_on."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ async def test_callbacks_run_before_backward_returns_in_order(rt: ag.Runtime) ->
             seen.append(f"async grad={w.grad.numpy().tolist()}")
 
         def hook(p: ag.Tensor) -> None:
-            ag.queue_callback(lambda: seen.append("sync"))
-            ag.queue_callback(later)
+            ag.autograd.queue_callback(lambda: seen.append("sync"))
+            ag.autograd.queue_callback(later)
 
         w.register_post_accumulate_grad_hook(hook)
         await (w * w).sum().backward()
@@ -37,7 +37,7 @@ async def test_a_failing_callback_undoes_the_pass(rt: ag.Runtime) -> None:
         def boom() -> None:
             raise ValueError("callback failed")
 
-        h = w.register_post_accumulate_grad_hook(lambda p: ag.queue_callback(boom))
+        h = w.register_post_accumulate_grad_hook(lambda p: ag.autograd.queue_callback(boom))
         with pytest.raises(ValueError, match="callback failed"):
             await ((w * w).sum() + v.sum()).backward()
         np.testing.assert_array_equal(w.grad.numpy(), [3.0, 3.0])  # as before the failed pass
@@ -50,7 +50,7 @@ async def test_a_failing_callback_undoes_the_pass(rt: ag.Runtime) -> None:
 async def test_a_cancelled_callback_undoes_the_pass(rt: ag.Runtime) -> None:
     with trio.fail_after(10):
         w = ag.tensor([1.0, 2.0], requires_grad=True)
-        w.register_post_accumulate_grad_hook(lambda p: ag.queue_callback(trio.sleep_forever))
+        w.register_post_accumulate_grad_hook(lambda p: ag.autograd.queue_callback(trio.sleep_forever))
         with trio.move_on_after(0.05) as cs:
             await (w * w).sum().backward()
         assert cs.cancelled_caught
@@ -59,7 +59,7 @@ async def test_a_cancelled_callback_undoes_the_pass(rt: ag.Runtime) -> None:
 
 def test_queue_callback_outside_a_commit_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="only be called from a post-accumulate-grad hook"):
-        ag.queue_callback(lambda: None)
+        ag.autograd.queue_callback(lambda: None)
 
 
 async def test_submit_on_orders_after_producers_and_before_readers(rt: ag.Runtime) -> None:
@@ -75,8 +75,8 @@ async def test_submit_on_orders_after_producers_and_before_readers(rt: ag.Runtim
                 log.append(float(arr[0, 0]))
                 arr *= 2
 
-            seq = ag.submit_on(s, job, [y])
-            assert ag.stream_work(y)[0] is s and ag.stream_work(y)[1] == seq
+            seq = ag.runtime.submit_on(s, job, [y])
+            assert ag.runtime.stream_work(y)[0] is s and ag.runtime.stream_work(y)[1] == seq
             z = y + 0  # a later op waits for the job by an event
             want = (a.numpy() @ a.numpy())
             np.testing.assert_allclose(z.numpy(), 2 * want, rtol=1e-12)

@@ -20,6 +20,7 @@ from ._api import backward, grad
 from ._checkpoint import checkpoint
 from ._function import Function, FunctionCtx, once_differentiable
 from ._gradcheck import GradcheckError, gradcheck, gradgradcheck
+from ._leaf_owner import queue_callback
 from ._run_node import BackwardError
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "gradcheck",
     "gradgradcheck",
     "once_differentiable",
+    "queue_callback",
 ]

@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-import asyncgrad as ag
-
+from .. import runtime
 from ._process_group import (
     CollectiveMismatchError,
     CollectiveTimeout,
@@ -113,7 +112,7 @@ def memory_order(arr: np.ndarray) -> list[int] | None:
     """The dims of ``arr`` from the largest stride to the smallest, if it is dense (else None)."""
     if arr.flags.c_contiguous:
         return list(range(arr.ndim))
-    if not ag.is_dense_nonoverlapping(arr):
+    if not runtime.is_dense_nonoverlapping(arr):
         return None
     return sorted(range(arr.ndim), key=lambda i: (-abs(arr.strides[i]) if arr.shape[i] > 1 else 0, i))
 
@@ -178,18 +177,18 @@ def mpi_op(op: str, what: str) -> Any:
 def issue(
     group: ProcessGroup,
     what: str,
-    tensors: Sequence[ag.Tensor],
+    tensors: Sequence[runtime.Tensor],
     body: Callable[..., None],
     result: Any,
     *,
-    writes: Sequence[ag.Tensor] | None = None,
+    writes: Sequence[runtime.Tensor] | None = None,
     nbytes: int = 0,
     device: Any = None,
     after_caller: bool = True,
 ) -> Work:
     """Queue ``body(*arrays, deadline=...)`` on ``group``'s comm stream as one collective job."""
     group._check_usable(what)
-    dev = tensors[0].device if tensors else (device if device is not None else ag.current_runtime(what).cpu)
+    dev = tensors[0].device if tensors else (device if device is not None else runtime.current_runtime(what).cpu)
     stream = group.comm_stream(dev)
     box: list[Any] = [None]
 
@@ -211,12 +210,12 @@ def issue(
         group._note_done(what, nbytes, start, time.perf_counter())
 
     group._note_issued()
-    seq = ag.submit_on(stream, job, list(tensors), writes=writes, after_caller=after_caller)
+    seq = runtime.submit_on(stream, job, list(tensors), writes=writes, after_caller=after_caller)
     return Work(group, stream, seq, box, result, what)
 
 
-def _tensor(t: Any, what: str) -> ag.Tensor:
-    if not isinstance(t, ag.Tensor):
+def _tensor(t: Any, what: str) -> runtime.Tensor:
+    if not isinstance(t, runtime.Tensor):
         raise TypeError(f"{what}: expected a Tensor, got {type(t).__name__}")
     return t
 
@@ -225,7 +224,7 @@ def _tensor(t: Any, what: str) -> ag.Tensor:
 
 
 def all_reduce_nowait(
-    t: ag.Tensor, op: str = "sum", group: ProcessGroup | None = None, *, check: bool = True,
+    t: runtime.Tensor, op: str = "sum", group: ProcessGroup | None = None, *, check: bool = True,
     after_caller: bool = True,
 ) -> Work:
     """Issue an in-place all-reduce of ``t`` over ``group``; the `Work`'s result is ``t``.
@@ -266,13 +265,13 @@ def all_reduce_nowait(
 
 
 async def all_reduce(
-    t: ag.Tensor, op: str = "sum", group: ProcessGroup | None = None, *, check: bool = True
-) -> ag.Tensor:
+    t: runtime.Tensor, op: str = "sum", group: ProcessGroup | None = None, *, check: bool = True
+) -> runtime.Tensor:
     """All-reduce ``t`` in place over ``group`` and wait for it (see `all_reduce_nowait`); returns ``t``."""
     return await all_reduce_nowait(t, op, group, check=check)  # type: ignore[no-any-return]
 
 
-def broadcast_nowait(t: ag.Tensor, src: int = 0, group: ProcessGroup | None = None) -> Work:
+def broadcast_nowait(t: runtime.Tensor, src: int = 0, group: ProcessGroup | None = None) -> Work:
     """Issue a broadcast of rank ``src``'s ``t`` into ``t`` on every rank; the `Work`'s result is ``t``."""
     what = f"broadcast(src={src})"
     t = _tensor(t, what)
@@ -293,12 +292,12 @@ def broadcast_nowait(t: ag.Tensor, src: int = 0, group: ProcessGroup | None = No
     return issue(g, what, [t], body, t, nbytes=t.numel() * t.element_size())
 
 
-async def broadcast(t: ag.Tensor, src: int = 0, group: ProcessGroup | None = None) -> ag.Tensor:
+async def broadcast(t: runtime.Tensor, src: int = 0, group: ProcessGroup | None = None) -> runtime.Tensor:
     """Broadcast rank ``src``'s ``t`` into ``t`` on every rank and wait for it; returns ``t``."""
     return await broadcast_nowait(t, src, group)  # type: ignore[no-any-return]
 
 
-def all_gather_nowait(tensor_list: list[ag.Tensor], t: ag.Tensor, group: ProcessGroup | None = None) -> Work:
+def all_gather_nowait(tensor_list: list[runtime.Tensor], t: runtime.Tensor, group: ProcessGroup | None = None) -> Work:
     """Issue an all-gather: ``tensor_list[r]`` gets rank r's ``t``; the `Work`'s result is ``tensor_list``."""
     what = "all_gather"
     t = _tensor(t, what)
@@ -329,13 +328,15 @@ def all_gather_nowait(tensor_list: list[ag.Tensor], t: ag.Tensor, group: Process
     return issue(g, what, [t, *outs], body, tensor_list, writes=outs, nbytes=t.numel() * t.element_size())
 
 
-async def all_gather(tensor_list: list[ag.Tensor], t: ag.Tensor, group: ProcessGroup | None = None) -> list[ag.Tensor]:
+async def all_gather(
+    tensor_list: list[runtime.Tensor], t: runtime.Tensor, group: ProcessGroup | None = None
+) -> list[runtime.Tensor]:
     """Gather every rank's ``t`` into ``tensor_list`` (one per rank, in rank order) and wait for it."""
     return await all_gather_nowait(tensor_list, t, group)  # type: ignore[no-any-return]
 
 
 def reduce_scatter_nowait(
-    output: ag.Tensor, input_list: list[ag.Tensor], op: str = "sum", group: ProcessGroup | None = None
+    output: runtime.Tensor, input_list: list[runtime.Tensor], op: str = "sum", group: ProcessGroup | None = None
 ) -> Work:
     """Issue a reduce-scatter: ``output`` on rank r gets the reduction over ranks of ``input_list[r]``."""
     what = "reduce_scatter"
@@ -368,8 +369,8 @@ def reduce_scatter_nowait(
 
 
 async def reduce_scatter(
-    output: ag.Tensor, input_list: list[ag.Tensor], op: str = "sum", group: ProcessGroup | None = None
-) -> ag.Tensor:
+    output: runtime.Tensor, input_list: list[runtime.Tensor], op: str = "sum", group: ProcessGroup | None = None
+) -> runtime.Tensor:
     """Reduce ``input_list[r]`` over the ranks into ``output`` of rank r, and wait for it; returns ``output``."""
     return await reduce_scatter_nowait(output, input_list, op, group)  # type: ignore[no-any-return]
 

@@ -15,9 +15,9 @@ from collections.abc import Awaitable
 from typing import Any
 
 import attrs
+import numpy as np
 
-import asyncgrad as ag
-
+from .. import runtime
 from ._collectives import all_reduce_nowait
 from ._process_group import ProcessGroup
 
@@ -27,7 +27,7 @@ class GradBucket:
     """One bucket of a reducer, as a communication hook sees it."""
 
     _index: int
-    _buffer: ag.Tensor
+    _buffer: runtime.Tensor
     _parameters: list[Any]
     _offsets: list[int]
     _is_last: bool
@@ -37,7 +37,7 @@ class GradBucket:
         """The bucket's position (buckets are reduced in index order on every rank)."""
         return self._index
 
-    def buffer(self) -> ag.Tensor:
+    def buffer(self) -> runtime.Tensor:
         """The flat tensor holding the bucket's gradients (each parameter's in its own layout)."""
         return self._buffer
 
@@ -62,7 +62,7 @@ def _group_of(state: Any, bucket: GradBucket) -> ProcessGroup:
     return state if isinstance(state, ProcessGroup) else bucket.process_group()
 
 
-def allreduce_hook(state: Any, bucket: GradBucket) -> Awaitable[ag.Tensor]:
+def allreduce_hook(state: Any, bucket: GradBucket) -> Awaitable[runtime.Tensor]:
     """Average the bucket over the ranks (what DDP does without a hook): divide, then all-reduce the sum."""
     group = _group_of(state, bucket)
     buf = bucket.buffer()
@@ -70,15 +70,15 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> Awaitable[ag.Tensor]:
     return all_reduce_nowait(buf, "sum", group)  # type: ignore[return-value]
 
 
-def fp16_compress_hook(state: Any, bucket: GradBucket) -> Awaitable[ag.Tensor]:
+def fp16_compress_hook(state: Any, bucket: GradBucket) -> Awaitable[runtime.Tensor]:
     """Send the bucket as float16 (half the bytes): divide first (to avoid overflow), all-reduce the float16
     copy, and write it back into the bucket in its own dtype."""
     group = _group_of(state, bucket)
     buf = bucket.buffer()
-    compressed = (buf * (1.0 / group.size)).to(dtype=ag.float16)
+    compressed = (buf * (1.0 / group.size)).to(dtype=np.float16)
     work = all_reduce_nowait(compressed, "sum", group)
 
-    async def decompress() -> ag.Tensor:
+    async def decompress() -> runtime.Tensor:
         await work
         buf.copy_(compressed.to(dtype=buf.dtype))
         return buf

@@ -13,9 +13,8 @@ Example::
 Modules hold tensors, so build them inside an open runtime (`asyncgrad.run` / `asyncgrad.open_runtime`).
 """
 
-from typing import Any
 
-from . import functional, init
+from . import functional, init, parallel
 from . import utils as utils
 from ._layers import (
     ELU,
@@ -103,15 +102,8 @@ __all__ = [
     "functional",
     "init",
     "load_state_dict_file",
+    "parallel",
     "save_state_dict",
     "utils",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # `parallel` (DistributedDataParallel) pulls in asyncgrad.distributed: load it on first use
-    if name == "parallel":
-        import importlib
-
-        return importlib.import_module(".parallel", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -122,6 +122,8 @@ __all__ = [
     "set_default_dtype",
     "set_grad_enabled",
     "share_version",
+    "stream_work",
+    "submit_on",
     "sum_to",
     "tensor",
     "wait_for",

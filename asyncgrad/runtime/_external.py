@@ -71,7 +71,7 @@ def submit_on(
 def stream_work(t: Tensor) -> tuple[Stream | None, int]:
     """The stream and sequence number of the pending kernel producing ``t`` (None, 0 when computed)."""
     s = t._stream
-    if s is None or s._completed >= t._seq:
+    if s is None or s.completed >= t._seq:
         return None, 0
     return s, t._seq
 

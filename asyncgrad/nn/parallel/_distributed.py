@@ -37,9 +37,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-import asyncgrad as ag
-from asyncgrad import distributed as dist
-
+from ... import autograd, runtime
+from ... import distributed as dist
 from .._module import Module
 
 FIRST_BUCKET_BYTES = 1 << 20  # PyTorch's kDefaultFirstBucketBytes
@@ -62,7 +61,7 @@ class ReducerStatistics:
 def _memory_order(arr: np.ndarray) -> list[int] | None:
     if arr.flags.c_contiguous:
         return list(range(arr.ndim))
-    if not ag.is_dense_nonoverlapping(arr):
+    if not runtime.is_dense_nonoverlapping(arr):
         return None
     return sorted(range(arr.ndim), key=lambda i: (-abs(arr.strides[i]) if arr.shape[i] > 1 else 0, i))
 
@@ -78,23 +77,23 @@ def _strided_view(flat: np.ndarray, param: np.ndarray) -> np.ndarray:
 class _Bucket:
     __slots__ = ("array", "dtype", "index", "members", "offsets", "tensor", "view_arrays", "views")
 
-    def __init__(self, index: int, members: list[int], params: list[ag.Tensor]) -> None:
+    def __init__(self, index: int, members: list[int], params: list[runtime.Tensor]) -> None:
         self.index = index
         self.members = members
         self.dtype = params[members[0]].dtype
         sizes = [params[j].numel() for j in members]
         self.offsets = [int(x) for x in np.cumsum([0, *sizes[:-1]])]
         self.array = np.zeros(sum(sizes), self.dtype)
-        self.tensor = ag.from_numpy(self.array)
+        self.tensor = runtime.from_numpy(self.array)
         self.view_arrays = []
         self.views = []
         for j, off, n in zip(members, self.offsets, sizes):
             v = _strided_view(self.array[off : off + n], params[j].numpy())
             self.view_arrays.append(v)
-            self.views.append(ag.from_numpy(v))
+            self.views.append(runtime.from_numpy(v))
 
 
-def assign_buckets(params: list[ag.Tensor], order: list[int], cap_bytes: int, first_bytes: int) -> list[list[int]]:
+def assign_buckets(params: list[runtime.Tensor], order: list[int], cap_bytes: int, first_bytes: int) -> list[list[int]]:
     """Group parameter indices (taken in ``order``) into buckets of one dtype each: the first bucket closes
     once it holds ``first_bytes``, the others at ``cap_bytes`` (PyTorch's compute_bucket_assignment_by_size)."""
     done: list[list[int]] = []
@@ -147,7 +146,7 @@ class _Reducer:
     def __init__(
         self,
         names: list[str],
-        params: list[ag.Tensor],
+        params: list[runtime.Tensor],
         group: dist.ProcessGroup,
         cap_bytes: int,
         gradient_as_bucket_view: bool,
@@ -160,7 +159,7 @@ class _Reducer:
         self.cap_bytes = cap_bytes
         self.as_view = gradient_as_bucket_view
         self.find_unused = find_unused
-        device = params[0].device if params else ag.current_runtime("DistributedDataParallel").cpu
+        device = params[0].device if params else runtime.current_runtime("DistributedDataParallel").cpu
         self.stream = group.comm_stream(device)
         self.comm_hook: Callable[..., Any] | None = None
         self.comm_state: Any = None
@@ -233,7 +232,7 @@ class _Reducer:
                 ps.early[i] = True
                 self._mark_ready(ps, i, g)
 
-    def on_grad(self, i: int, p: ag.Tensor) -> None:
+    def on_grad(self, i: int, p: runtime.Tensor) -> None:
         """A parameter's post-accumulate hook: mark it ready; launch every bucket that is full, in order."""
         if not self.sync_next:
             return  # no_sync(): gradients accumulate locally
@@ -241,7 +240,7 @@ class _Reducer:
         if ps is None or ps.finished:  # a backward without a new forward (retain_graph): a new iteration
             ps = self.pass_ = _Pass(len(self.params), self.buckets)
         if not ps.callback_queued:
-            ag.queue_callback(lambda ps=ps: self.finalize(ps))
+            autograd.queue_callback(lambda ps=ps: self.finalize(ps))
             ps.callback_queued = True
             if not ps.arrival:
                 for j in self.unused:  # find_unused_parameters: parameters the forward did not reach
@@ -291,12 +290,12 @@ class _Reducer:
         def back(buf: np.ndarray, garr: np.ndarray) -> None:
             np.copyto(garr, view)
 
-        ag.submit_on(self.stream, back, [bucket.tensor, p.grad], writes=[p.grad], after_caller=False)  # type: ignore[arg-type]
+        runtime.submit_on(self.stream, back, [bucket.tensor, p.grad], writes=[p.grad], after_caller=False)  # type: ignore[arg-type]
 
     def _launch(self, ps: _Pass, bucket: _Bucket) -> None:
         """Queue the bucket's copy-in (dividing by the world size), all-reduce and copy-back."""
         params = self.params
-        grads: list[ag.Tensor | None] = [ps.source[j] for j in bucket.members]
+        grads: list[runtime.Tensor | None] = [ps.source[j] for j in bucket.members]
         modes = []  # per member: 0 no grad (zeros), 1 copy into the bucket, 2 .grad is the bucket view already
         for slot, g in enumerate(grads):
             modes.append(0 if g is None else 2 if g is bucket.views[slot] else 1)
@@ -305,9 +304,9 @@ class _Reducer:
             for slot, j in enumerate(bucket.members):
                 if modes[slot] == 1 and late[slot]:
                     params[j].grad = bucket.views[slot]  # from now on backward accumulates into the bucket
-        live: list[ag.Tensor] = [g for g, m in zip(grads, modes) if m == 1 and g is not None]
+        live: list[runtime.Tensor] = [g for g, m in zip(grads, modes) if m == 1 and g is not None]
         # early members get theirs when their .grad is committed (`_deliver`)
-        copy_back: list[ag.Tensor] = (
+        copy_back: list[runtime.Tensor] = (
             [] if self.as_view else [g for g, m, lt in zip(grads, modes, late) if m == 1 and lt and g is not None]
         )
         back_slots = [slot for slot, (m, lt) in enumerate(zip(modes, late)) if m == 1 and lt]
@@ -331,7 +330,7 @@ class _Reducer:
         # the copy-in (one pass, dividing unless a hook decides), then the reduction, on the comm stream
         # ordered after the kernels producing these gradients only, not after the whole backward queued on
         # this stream: that is the overlap (the backward's later kernels never touch the bucket)
-        ag.submit_on(
+        runtime.submit_on(
             self.stream, copy_in, [bucket.tensor, *live], writes=[bucket.tensor, *bucket.views], after_caller=False
         )
         if hooked:
@@ -349,7 +348,7 @@ class _Reducer:
                 for garr, slot in zip(garrs, back_slots):
                     np.copyto(garr, views[slot])
 
-            ag.submit_on(self.stream, back, [bucket.tensor, *copy_back], writes=copy_back, after_caller=False)
+            runtime.submit_on(self.stream, back, [bucket.tensor, *copy_back], writes=copy_back, after_caller=False)
         ps.works.append((work, bucket, copy_back, modes))
 
     async def finalize(self, ps: _Pass) -> None:
@@ -384,11 +383,11 @@ class _Reducer:
             ps.works.clear()
 
     async def _write_hook_result(self, result: Any, bucket: _Bucket, copy_back: list[Any], modes: list[int]) -> None:
-        if not isinstance(result, ag.Tensor) or result.shape != bucket.tensor.shape:
+        if not isinstance(result, runtime.Tensor) or result.shape != bucket.tensor.shape:
             raise TypeError(
                 "DistributedDataParallel: a communication hook must return an awaitable of a tensor shaped like "
                 f"bucket.buffer() ({bucket.tensor.shape}), got {type(result).__name__}"
-                f"{'' if not isinstance(result, ag.Tensor) else ' of shape ' + str(result.shape)}"
+                f"{'' if not isinstance(result, runtime.Tensor) else ' of shape ' + str(result.shape)}"
             )
         views = bucket.view_arrays
 
@@ -401,13 +400,13 @@ class _Reducer:
                     np.copyto(garrs[k], views[slot])
                     k += 1
 
-        seq = ag.submit_on(self.stream, back, [bucket.tensor, result, *copy_back],  # type: ignore[arg-type]
+        seq = runtime.submit_on(self.stream, back, [bucket.tensor, result, *copy_back],  # type: ignore[arg-type]
                            writes=[bucket.tensor, *bucket.views, *copy_back])
         await self.stream.synchronize(seq)  # type: ignore[union-attr]
 
     async def _settle_unused(self, ps: _Pass) -> None:
         """Parameters unused here but used on another rank get the average; unused everywhere keep `.grad`."""
-        used = ag.tensor([0.0 if j in self.unused else 1.0 for j in range(len(self.params))], dtype=ag.float64)
+        used = runtime.tensor([0.0 if j in self.unused else 1.0 for j in range(len(self.params))], dtype=np.float64)
         await dist.all_reduce(used, "sum", self.group)
         flags = used.numpy()
         for j in self.unused:
@@ -419,7 +418,7 @@ class _Reducer:
     async def _rebuild(self, arrival: list[int]) -> None:
         """Rebuild the buckets once, in rank 0's arrival order (every rank must bucket alike)."""
         self.rebuilt = True
-        order = ag.tensor(arrival + [j for j in range(len(self.params)) if j not in arrival], dtype=ag.int64)
+        order = runtime.tensor(arrival + [j for j in range(len(self.params)) if j not in arrival], dtype=np.int64)
         await dist.broadcast(order, 0, self.group)
         new = assign_buckets(self.params, [int(x) for x in order.numpy()], self.cap_bytes, FIRST_BUCKET_BYTES)
         if new == [b.members for b in self.buckets]:
@@ -435,9 +434,9 @@ class _Reducer:
                     p.grad = nv
 
 
-def _make_hook(me: weakref.ref[_Reducer], i: int) -> Callable[[ag.Tensor], None]:
+def _make_hook(me: weakref.ref[_Reducer], i: int) -> Callable[[runtime.Tensor], None]:
     # holds the reducer weakly: a hook must never keep its owner (and its buckets) alive
-    def hook(p: ag.Tensor) -> None:
+    def hook(p: runtime.Tensor) -> None:
         r = me()
         if r is not None:
             r.on_grad(i, p)
@@ -454,7 +453,7 @@ def _make_node_hook(me: weakref.ref[_Reducer], ps: _Pass, slots: list[tuple[int,
     return hook
 
 
-def _leaf_edges(outputs: Any) -> Iterator[tuple[Any, int, ag.Tensor]]:
+def _leaf_edges(outputs: Any) -> Iterator[tuple[Any, int, runtime.Tensor]]:
     """(node, input position, leaf) for every leaf input of every node of the graph of ``outputs``."""
     seen: set[int] = set()
     stack = [t.grad_fn for t in _tensors_in(outputs) if t.grad_fn is not None]
@@ -494,8 +493,8 @@ def _reachable_params(outputs: Any) -> set[int]:
     return found
 
 
-def _tensors_in(x: Any) -> Iterator[ag.Tensor]:
-    if isinstance(x, ag.Tensor):
+def _tensors_in(x: Any) -> Iterator[runtime.Tensor]:
+    if isinstance(x, runtime.Tensor):
         yield x
     elif isinstance(x, (list, tuple)):
         for y in x:
@@ -561,7 +560,7 @@ class DistributedDataParallel(Module):
 
     # ---- construction ----------------------------------------------------------------------------
 
-    def _verify_and_broadcast(self, named: list[tuple[str, ag.Tensor]], group: dist.ProcessGroup) -> None:
+    def _verify_and_broadcast(self, named: list[tuple[str, runtime.Tensor]], group: dist.ProcessGroup) -> None:
         """Compare every rank's parameter list with rank 0's, then broadcast rank 0's values (blocking)."""
         mine = [f"{n}:{tuple(p.shape)}:{p.dtype.str}:{_layout_desc(p.numpy())}" for n, p in named]
         every = _gather_strings("\n".join(mine), group)
@@ -588,7 +587,7 @@ class DistributedDataParallel(Module):
         reducer = self._ddp_reducer
         if reducer is None:
             raise RuntimeError("DistributedDataParallel was closed: wrap the module again to train it")
-        sync = self._ddp_require_sync and ag.is_grad_enabled()
+        sync = self._ddp_require_sync and runtime.is_grad_enabled()
         if sync and self._ddp_broadcast_buffers:
             for b in self.module.buffers():
                 dist.broadcast_nowait(b, 0, self._ddp_group)  # queued; the forward's ops wait for it by events
@@ -633,7 +632,7 @@ class DistributedDataParallel(Module):
     def process_group(self) -> dist.ProcessGroup:
         return self._ddp_group
 
-    def buckets(self) -> list[ag.Tensor]:
+    def buckets(self) -> list[runtime.Tensor]:
         """The flat bucket tensors, in bucket order."""
         return [b.tensor for b in self._live("buckets").buckets]
 
@@ -694,12 +693,12 @@ def _split_desc(s: str) -> list[tuple[str, str]]:
 def _gather_strings(text: str, group: dist.ProcessGroup) -> list[str]:
     """Every rank's ``text`` (utf-8 bytes in tensors, no pickle), blocking: construction-time set-up."""
     data = np.frombuffer(text.encode(), np.uint8)
-    n = ag.tensor([data.size], dtype=ag.int64)
-    lens = [ag.zeros(1, dtype=ag.int64) for _ in range(group.size)]
+    n = runtime.tensor([data.size], dtype=np.int64)
+    lens = [runtime.zeros(1, dtype=np.int64) for _ in range(group.size)]
     dist.all_gather_nowait(lens, n, group).wait_blocking()
     width = max(1, *(int(x.item()) for x in lens))
     mine = np.zeros(width, np.uint8)
     mine[: data.size] = data
-    outs = [ag.zeros(width, dtype=ag.uint8) for _ in range(group.size)]
-    dist.all_gather_nowait(outs, ag.from_numpy(mine), group).wait_blocking()
+    outs = [runtime.zeros(width, dtype=np.uint8) for _ in range(group.size)]
+    dist.all_gather_nowait(outs, runtime.from_numpy(mine), group).wait_blocking()
     return [bytes(o.numpy()[: int(k.item())]).decode() for o, k in zip(outs, lens)]
