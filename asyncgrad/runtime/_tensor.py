@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import trio
 
-from ..devices import Device, Stream, add_scaled
+from ..devices import DEVICE_TYPES, Device, Stream, add_scaled
+from ..devices import device as _device_spec
 from . import _dispatch, _grad_mode, _promote
 from ._dispatch import share_version
 from ._runtime import _task_streams, current_runtime
@@ -84,8 +85,13 @@ class Tensor:
         t._grad_fn = None
         return t
 
-    def __init__(self, *a: Any, **k: Any) -> None:
-        raise TypeError("create tensors with asyncgrad.tensor(...), asyncgrad.zeros(...) and friends")
+    def __new__(cls, *args: Any, device: Any = None) -> Tensor:
+        """PyTorch's legacy constructor: ``Tensor(2, 3)`` is uninitialised, ``Tensor([1., 2.])`` copies
+        the data; both in the default dtype (float32). ``asyncgrad.tensor`` is the usual way."""
+        return _legacy_new(args, device)
+
+    def __init__(self, *args: Any, device: Any = None) -> None:
+        pass  # everything happens in __new__ (internal constructors bypass both)
 
     if TYPE_CHECKING:  # installed by the op families (_ops_*.py), next to their forwards and rules
         def __add__(self, o: Any) -> Tensor: ...
@@ -376,10 +382,15 @@ class Tensor:
 
         return contiguous(self)
 
-    def to(self, device: Any = None, dtype: Any = None, *, copy: bool = False) -> Tensor:
-        """Move to ``device`` and/or convert to ``dtype`` (differentiable for float dtypes)."""
-        if device is not None and not isinstance(device, (str, Device)):
-            device, dtype = None, device  # t.to(dtype)
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
+        """Move to a device and/or convert to a dtype (differentiable for float dtypes), as PyTorch's.
+
+        Forms: ``to(dtype)``, ``to(device=None, dtype=None)``, ``to(other)`` (``other``'s device and
+        dtype); each also takes ``non_blocking=`` (accepted: a copy to host memory is always ordered on
+        the streams), ``copy=`` (a new tensor even when nothing changes) and ``memory_format=`` (ignored:
+        layouts are kept). A device is a name (``"cpu"``), an ``asyncgrad.device`` or a runtime Device.
+        """
+        device, dtype, copy = _to_args("Tensor.to", args, kwargs)
         t = self
         if dtype is not None and np.dtype(dtype) != self._dtype:
             from ._ops_elementwise import astype
@@ -686,12 +697,151 @@ class Tensor:
         return _inplace.inplace(self, lambda a, m: np.copyto(a, value, casting="unsafe", where=m), mask)
 
 
+def _is_device_like(x: Any) -> builtins.bool:
+    if isinstance(x, (Device, _device_spec)):
+        return True
+    return isinstance(x, str) and x.partition(":")[0] in DEVICE_TYPES
+
+
+def _to_args(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, builtins.bool]:
+    """``(device, dtype, copy)`` from the argument forms of PyTorch's ``Tensor.to`` / ``Module.to``."""
+    unknown = set(kwargs) - {"device", "dtype", "non_blocking", "copy", "memory_format"}
+    if unknown:
+        raise TypeError(f"{what}() got unexpected keyword argument(s) {sorted(unknown)}")
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    flags: list[Any] = []
+    rest = list(args)
+    if rest and isinstance(rest[0], Tensor):  # to(other, non_blocking=False, copy=False)
+        other = rest.pop(0)
+        device, dtype = other._dev, other._dtype
+    elif rest and (rest[0] is None or _is_device_like(rest[0])):  # to(device, dtype=None, ...)
+        device = rest.pop(0)
+        if rest and not isinstance(rest[0], builtins.bool):
+            dtype = rest.pop(0)
+    elif rest and not isinstance(rest[0], builtins.bool):  # to(dtype, non_blocking=False, copy=False)
+        dtype = rest.pop(0)
+    flags = rest
+    if len(flags) > 2 or not builtins.all(isinstance(f, builtins.bool) for f in flags):
+        raise TypeError(
+            f"{what}() received an invalid combination of arguments {args!r}; expected (dtype), "
+            "(device=None, dtype=None), or (tensor), each followed by non_blocking=False, copy=False"
+        )
+    copy = kwargs.get("copy", flags[1] if len(flags) > 1 else False)
+    if dtype is not None:
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"{what}(): {dtype!r} is neither a device nor a dtype") from e
+    return device, dtype, builtins.bool(copy)
+
+
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
     """Sizes given as ``f(2, 3)`` or ``f((2, 3))``."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = tuple(size[0])
     return tuple(builtins.int(n) for n in size)
 
+
+# ==== PyTorch-port API (issue 20 part 2): copies, legacy construction, CUDA names, pinned memory ======
+# One block so that it moves as a unit into _tensor_methods.py.
+
+_DEEPCOPY_NONLEAF = (
+    "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at the "
+    "moment. If you were attempting to deepcopy a module, this may be because of a torch.nn.utils."
+    "weight_norm usage, see https://github.com/pytorch/pytorch/pull/103001"
+)
+# user attributes and the parameter mark travel with copies; autograd bookkeeping does not
+_COPIED_PRIVATE = frozenset({"_is_param"})
+
+
+def _copy_extras(src: Tensor, dst: Tensor, memo: dict[int, Any] | None) -> None:
+    import copy as _copy
+
+    for k, v in src.__dict__.items():
+        if k in _COPIED_PRIVATE or not k.startswith("_"):
+            dst.__dict__[k] = v if memo is None else _copy.deepcopy(v, memo)
+
+
+def _tensor_deepcopy(self: Tensor, memo: dict[int, Any]) -> Tensor:
+    if self._grad_fn is not None:
+        raise RuntimeError(_DEEPCOPY_NONLEAF)
+    done = memo.get(id(self))
+    if done is not None:
+        return done  # type: ignore[no-any-return]
+    import copy as _copy
+
+    # order="K" keeps a dense layout's strides (channels-last stays channels-last)
+    new = Tensor._wrap(np.array(self._value(), copy=True, order="K"), self._dev)
+    new._rg = self._rg
+    memo[id(self)] = new
+    if self._grad is not None:
+        new._grad = _copy.deepcopy(self._grad, memo)
+    _copy_extras(self, new, memo)
+    return new
+
+
+def _tensor_copy(self: Tensor) -> Tensor:
+    # PyTorch's copy.copy: a new leaf sharing the memory (and so the version counter), requires_grad
+    # kept, no .grad
+    new = Tensor._wrap(self._value(), self._dev)
+    share_version(self, new)
+    new._rg = self._rg
+    _copy_extras(self, new, None)
+    return new
+
+
+def _tensor_cuda(self: Tensor, device: Any = None, non_blocking: builtins.bool = False) -> Tensor:
+    """This tensor on a CUDA device (``device``: an index, a name or a device; default the first).
+
+    Raises the runtime's clear error when asyncgrad has no CUDA device (no cupy or no GPU).
+    """
+    if device is None:
+        device = "cuda"
+    elif isinstance(device, builtins.int):
+        device = f"cuda:{device}"
+    return self.to(device, non_blocking=non_blocking)
+
+
+def _tensor_pin_memory(self: Tensor, device: Any = None) -> Tensor:
+    """Accepted for PyTorch programs: there is no CUDA device to pin for, so this is the tensor itself."""
+    return self
+
+
+def _tensor_is_pinned(self: Tensor, device: Any = None) -> builtins.bool:
+    return False
+
+
+def _legacy_new(args: tuple[Any, ...], device: Any) -> Tensor:
+    from ._factories import empty, get_default_dtype, tensor
+
+    dt = get_default_dtype()
+    dev = "cpu" if device is None else device
+    if not args:
+        return empty(0, dtype=dt, device=dev)
+    if builtins.all(isinstance(a, (builtins.int, np.integer)) and not isinstance(a, builtins.bool) for a in args):
+        return empty(*args, dtype=dt, device=dev)
+    if len(args) == 1:
+        (data,) = args
+        if isinstance(data, Tensor):
+            if data._dtype != dt:
+                raise TypeError(
+                    f"Tensor(t): expected a tensor of the default dtype {dt}, got {data._dtype}; use t.to({dt})"
+                )
+            return data.detach()
+        if isinstance(data, (list, tuple, np.ndarray)) or hasattr(data, "__array__"):
+            return tensor(data, dtype=dt, device=dev)
+        raise TypeError(f"new(): data must be a sequence (got {type(data).__name__})")
+    raise TypeError(
+        f"Tensor(*args): expected sizes (ints) or one sequence of data, got {tuple(type(a).__name__ for a in args)}"
+    )
+
+
+Tensor.__deepcopy__ = _tensor_deepcopy  # type: ignore[attr-defined]
+Tensor.__copy__ = _tensor_copy  # type: ignore[attr-defined]
+Tensor.cuda = _tensor_cuda  # type: ignore[attr-defined]
+Tensor.pin_memory = _tensor_pin_memory  # type: ignore[attr-defined]
+Tensor.is_pinned = _tensor_is_pinned  # type: ignore[attr-defined]
+# ==== end of the PyTorch-port block =================================================================
 
 _dispatch.Tensor = Tensor  # type: ignore[attr-defined]
 _promote.Tensor = Tensor  # type: ignore[attr-defined]
