@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import cuda, nn, optim, utils
+from . import autograd, cuda, nn, optim, utils
 from .devices import device
 from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
@@ -36,7 +36,7 @@ long = int64
 bool = np.dtype("bool")
 
 __version__ = "0.1.0"
-__all__ = [*_runtime_all, "cuda", "device", "hosting", "load", "nn", "optim", "save", "utils"]
+__all__ = [*_runtime_all, "autograd", "cuda", "device", "hosting", "load", "nn", "optim", "save", "utils"]
 
 
 def __getattr__(name: str) -> Any:

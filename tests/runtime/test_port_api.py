@@ -247,3 +247,39 @@ async def test_deepcopy_makes_no_nursery_noise(rt: ag.Runtime) -> None:
         sys.unraisablehook = old_hook
     assert seen == [] and "Nursery" not in err.getvalue()
     assert copy.deepcopy(rt.device("cpu")) is rt.device("cpu")
+
+
+# ---- the ag.autograd namespace ---------------------------------------------------------------------
+
+
+class _Cube(ag.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return g * 3 * x * x
+
+
+async def test_autograd_namespace_against_torch(rt: ag.Runtime) -> None:
+    torch = pytest.importorskip("torch")
+    xv = np.array([0.5, -1.5, 2.0])
+    x = ag.tensor(xv, dtype=ag.float64, requires_grad=True)
+    tx = torch.tensor(xv, requires_grad=True)
+    (g,) = await ag.autograd.grad((x.sin() * x).sum(), [x], only_inputs=True)
+    (tg,) = torch.autograd.grad((tx.sin() * tx).sum(), [tx], only_inputs=True)
+    np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1e-14)
+    with pytest.warns(FutureWarning, match="only_inputs argument is deprecated"):
+        (g2,) = await ag.autograd.grad((x * x).sum(), [x], only_inputs=False)
+    np.testing.assert_allclose(g2.numpy(), 2 * xv)
+    await ag.autograd.backward([(x * x).sum()])
+    np.testing.assert_allclose(x.grad.numpy(), 2 * xv)
+    y = _Cube.apply(x)
+    (g3,) = await ag.autograd.grad(y.sum(), [x])
+    np.testing.assert_allclose(g3.numpy(), 3 * xv**2)
+    assert ag.autograd.grad is ag.grad and ag.autograd.Function is ag.Function
+    with ag.autograd.no_grad():
+        assert not (x * 2).requires_grad
