@@ -26,7 +26,7 @@ import numpy as np
 import trio
 
 from ._collate import collate_arrays, default_collate, default_convert, to_arrays, to_tensors
-from ._dataset import Dataset, IterableDataset, Subset, TensorDataset
+from ._dataset import IterableDataset, Subset, TensorDataset
 from ._sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 __all__ = ["DataLoader", "DataLoaderIterStatistics"]
