@@ -74,6 +74,9 @@ class _IncompatibleKeys(NamedTuple):
 def _as_numpy(v: Any) -> np.ndarray:
     if isinstance(v, Tensor):
         return v.numpy()
+    if hasattr(v, "detach") and hasattr(v, "numpy") and not isinstance(v, np.ndarray):
+        # a torch tensor (a parameter from a torch state dict with keep_vars=True requires grad)
+        return np.asarray(v.detach().cpu().numpy())
     return np.asarray(v)
 
 
@@ -531,23 +534,21 @@ class Module:
 
         Args:
             prefix: Prepended to every key.
-            keep_vars: Return the Tensors themselves instead of numpy copies.
+            keep_vars: Return the Tensors themselves instead of detached copies.
 
         Returns:
-            An ordered dict ``name -> numpy array`` (copies taken after pending work finished).
+            An ordered dict ``name -> Tensor``: detached copies (with the parameters' layouts) taken in
+            stream order, so later in-place updates do not change them; as PyTorch's values they have
+            ``size()``, ``clone()``, ``numpy()``, and numpy functions take them.
         """
         out: OrderedDict[str, Any] = OrderedDict()
         for mprefix, m in self.named_modules(prefix=prefix.rstrip("."), remove_duplicate=False):
             for name, p in m._parameters.items():
                 if p is not None:
-                    out[f"{mprefix}.{name}" if mprefix else name] = (
-                        p if keep_vars else np.array(p.numpy(), copy=True)
-                    )
+                    out[f"{mprefix}.{name}" if mprefix else name] = p if keep_vars else p.detach().clone()
             for name, b in m._buffers.items():
                 if b is not None and name not in m._non_persistent:
-                    out[f"{mprefix}.{name}" if mprefix else name] = (
-                        b if keep_vars else np.array(b.numpy(), copy=True)
-                    )
+                    out[f"{mprefix}.{name}" if mprefix else name] = b if keep_vars else b.detach().clone()
         return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> _IncompatibleKeys:
