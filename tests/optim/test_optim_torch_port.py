@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import trio
@@ -146,7 +148,7 @@ async def test_lbfgs_matches_torch(rt: ag.Runtime, line_search: str | None, asyn
     w = ag.tensor(w0, dtype=ag.float64, requires_grad=True)
     ta = torch.tensor(x0, requires_grad=True)
     tw = torch.tensor(w0, requires_grad=True)
-    kw = {"lr": 1, "max_iter": 10, "history_size": 5, "line_search_fn": line_search}
+    kw: dict[str, Any] = {"lr": 1, "max_iter": 10, "history_size": 5, "line_search_fn": line_search}
     if line_search is None:
         kw["lr"] = 0.05
     opt = ag.optim.LBFGS([a, w], **kw)

@@ -8,6 +8,7 @@ from torch's initial weights on a synthetic replay batch stream, float64, losses
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,8 +20,9 @@ from asyncgrad.nn import functional as F
 
 from ._parity import float64_everywhere, max_rel_diff
 
-torch = pytest.importorskip("torch")
-tnn, TF = torch.nn, torch.nn.functional
+torch: Any = pytest.importorskip("torch")
+tnn: Any = torch.nn
+TF: Any = torch.nn.functional
 
 N_OBS, N_ACT, HID = 4, 2, 32
 BATCH, GAMMA, TAU, LR = 16, 0.99, 0.005, 1e-3

@@ -9,6 +9,8 @@ shuffling DataLoader produced (so the order is the same).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import trio
@@ -21,8 +23,9 @@ from asyncgrad.utils.data import DataLoader, TensorDataset
 
 from ._parity import float64_everywhere, max_rel_diff
 
-torch = pytest.importorskip("torch")
-tnn, TF = torch.nn, torch.nn.functional
+torch: Any = pytest.importorskip("torch")
+tnn: Any = torch.nn
+TF: Any = torch.nn.functional
 
 C1, C2, HID = 4, 8, 16
 

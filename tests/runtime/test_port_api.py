@@ -162,10 +162,11 @@ async def test_deepcopy_tensor(rt: ag.Runtime) -> None:
     assert y.stride() == x.stride()  # the layout is kept
     np.testing.assert_array_equal(y.numpy(), x.numpy())
     assert y.grad is not None and y.grad is not x.grad
+    assert x.grad is not None
     np.testing.assert_array_equal(y.grad.numpy(), x.grad.numpy())
     with ag.no_grad():
         y.add_(1.0)
-        y.grad.zero_()
+        y.grad.zero_()  # type: ignore[union-attr]
     np.testing.assert_array_equal(x.grad.numpy(), 2 * x.numpy())  # independent memory
     assert x.numpy()[0, 0, 0] == 0.0
     # deepcopy keeps aliasing within one copy
@@ -276,6 +277,7 @@ async def test_autograd_namespace_against_torch(rt: ag.Runtime) -> None:
         (g2,) = await ag.autograd.grad((x * x).sum(), [x], only_inputs=False)
     np.testing.assert_allclose(g2.numpy(), 2 * xv)
     await ag.autograd.backward([(x * x).sum()])
+    assert x.grad is not None
     np.testing.assert_allclose(x.grad.numpy(), 2 * xv)
     y = _Cube.apply(x)
     (g3,) = await ag.autograd.grad(y.sum(), [x])

@@ -4,6 +4,8 @@ central differences."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from gradcheck import gradcheck, gradgradcheck
@@ -14,7 +16,7 @@ from asyncgrad import nn
 torch = pytest.importorskip("torch")
 
 
-def _t(a: np.ndarray, rg: bool = False) -> tuple[ag.Tensor, object]:
+def _t(a: np.ndarray, rg: bool = False) -> tuple[ag.Tensor, Any]:
     return ag.tensor(a, dtype=ag.float64, requires_grad=rg), torch.tensor(a, dtype=torch.float64, requires_grad=rg)
 
 

@@ -6,6 +6,7 @@ import gc
 import threading
 import time
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +15,8 @@ import trio
 import asyncgrad as ag
 from asyncgrad.utils import data
 
-torch = pytest.importorskip("torch")
-tdata = torch.utils.data
+torch: Any = pytest.importorskip("torch")
+tdata: Any = torch.utils.data
 
 
 def _same(a, b) -> None:  # type: ignore[no-untyped-def]
@@ -107,7 +108,7 @@ class _ListSampler(data.Sampler):
         {"batch_size": 5, "collate_fn": lambda b: [s[1] for s in b]},
     ],
 )
-async def test_loader_batches_match_torch(rt: ag.Runtime, kw: dict) -> None:
+async def test_loader_batches_match_torch(rt: ag.Runtime, kw: dict[str, Any]) -> None:
     n = 10
     ours = data.DataLoader(_Squares(n), **kw)
     theirs = tdata.DataLoader(_TSquares(n), **kw)
@@ -131,7 +132,8 @@ async def test_tensor_dataset_fast_path_and_subsets(rt: ag.Runtime) -> None:
     assert len(ds) == 11
     _same(ds[3], tds[3])
     order = [3, 1, 4, 10, 5, 9, 2, 6]
-    for kw in ({"batch_size": 3}, {"batch_size": 3, "drop_last": True}):
+    kws: list[dict[str, Any]] = [{"batch_size": 3}, {"batch_size": 3, "drop_last": True}]
+    for kw in kws:
         ob = list(data.DataLoader(ds, sampler=_ListSampler(order), **kw))
         tb = list(tdata.DataLoader(tds, sampler=order, **kw))
         for a, b in zip(ob, tb, strict=True):
@@ -239,7 +241,8 @@ class _TStream(tdata.IterableDataset):
 
 
 async def test_iterable_dataset(rt: ag.Runtime) -> None:
-    for kw in ({"batch_size": 3}, {"batch_size": 3, "drop_last": True}, {"batch_size": None}):
+    kws: list[dict[str, Any]] = [{"batch_size": 3}, {"batch_size": 3, "drop_last": True}, {"batch_size": None}]
+    for kw in kws:
         tb = list(tdata.DataLoader(_TStream(8), **kw))
         _same(list(data.DataLoader(_Stream(8), **kw)), tb)
         with trio.fail_after(20):

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,13 +21,14 @@ import asyncgrad as ag
 from asyncgrad import nn
 
 
-def _eq(a: ag.Tensor, b: ag.Tensor) -> None:
+def _eq(a: Any, b: Any) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape
     np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 async def test_roundtrip_nested_plain_and_tensors(rt: ag.Runtime, tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
+    obj: dict[Any, Any]
     t64 = ag.tensor(rng.standard_normal((3, 4)), dtype=ag.float64)
     obj = {
         "model": OrderedDict(w=ag.tensor(rng.standard_normal((2, 2)).astype(np.float32)), b=ag.zeros(2)),
@@ -87,12 +89,17 @@ async def test_parameters_requires_grad_and_map_location(rt: ag.Runtime, tmp_pat
     p = tmp_path / "p.st"
     ag.save({"w": m.weight, "x": x, "y": y, "sd": m.state_dict()}, str(p))
     for loc in (None, "cpu", ag.device("cpu"), {"cpu:0": "cpu"}, {"cpu": "cpu"}):
-        back = ag.load(p, map_location=loc, weights_only=True)
-        assert isinstance(back["w"], nn.Parameter) and back["w"].requires_grad
+        back: Any = ag.load(p, map_location=loc, weights_only=True)
+        assert isinstance(back["w"], ag.Tensor) and isinstance(back["w"], nn.Parameter)
+        assert back["w"].requires_grad
         assert back["x"].requires_grad and back["x"].is_leaf and not back["y"].requires_grad
         _eq(back["w"], m.weight)
-    seen = []
-    back = ag.load(p, map_location=lambda t, loc: seen.append(loc) or t * 1, weights_only=False)
+    seen: list[str] = []
+    def remap(t: ag.Tensor, loc: str) -> ag.Tensor:
+        seen.append(loc)
+        return t * 1
+
+    back = ag.load(p, map_location=remap, weights_only=False)
     assert seen and set(seen) == {"cpu"}
     with pytest.raises(RuntimeError, match="map_location='cpu'"):
         ag.load(p, map_location="cuda")
@@ -224,9 +231,9 @@ async def test_malicious_files_are_refused(rt: ag.Runtime, tmp_path: Path) -> No
         "deep structure": (_header_file({"__metadata__": {"asyncgrad": json.dumps(
             {"version": 1, "obj": json.loads('{"T": "list", "items": [' * 80 + "]}" * 80)})}}), "nested more"),
     }
-    torch = None
+    torch: Any = None
     try:
-        import torch  # type: ignore[no-redef]
+        import torch
     except ImportError:
         pass
     if torch is not None:
@@ -247,7 +254,7 @@ async def test_malicious_files_are_refused(rt: ag.Runtime, tmp_path: Path) -> No
     with open(tmp_path / "ok.st", "rb") as fh:
         np.testing.assert_array_equal(ag.load(fh)["a"].numpy(), np.arange(4))
     with open(tmp_path / "ok.st") as text_fh, pytest.raises(TypeError, match="binary mode"):
-        ag.load(text_fh)
+        ag.load(text_fh)  # type: ignore[arg-type]
 
 
 _PROG = textwrap.dedent(
