@@ -493,31 +493,41 @@ class Tensor:
 
     # ---- new tensors like this one (dtype and device default to this tensor's) --------------------
 
-    def _new(self, arr: np.ndarray, requires_grad: builtins.bool) -> Tensor:
-        t = Tensor._wrap(arr, self._dev)
+    def _new(self, arr: np.ndarray, requires_grad: builtins.bool, device: Any = None) -> Tensor:
+        dev = self._dev if device is None else current_runtime("Tensor.new_*").device(device)
+        t = Tensor._wrap(arr, dev)
         if requires_grad:
             t.requires_grad_()
         return t
 
-    def new_tensor(self, data: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
+    def new_tensor(
+        self, data: Any, dtype: Any = None, device: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
         """A new tensor holding a copy of ``data``, with this tensor's dtype unless ``dtype`` is given."""
         if isinstance(data, Tensor):
             data = data._value()
-        return self._new(np.array(data, dtype=dtype or self._dtype, copy=True), requires_grad)
+        return self._new(np.array(data, dtype=dtype or self._dtype, copy=True), requires_grad, device)
 
-    def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
-        return self._new(np.zeros(_size(size), dtype or self._dtype), requires_grad)
+    def new_zeros(
+        self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
+        return self._new(np.zeros(_size(size), dtype or self._dtype), requires_grad, device)
 
-    def new_ones(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
-        return self._new(np.ones(_size(size), dtype or self._dtype), requires_grad)
+    def new_ones(
+        self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
+        return self._new(np.ones(_size(size), dtype or self._dtype), requires_grad, device)
 
-    def new_empty(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
-        return self._new(np.empty(_size(size), dtype or self._dtype), requires_grad)
+    def new_empty(
+        self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
+        return self._new(np.empty(_size(size), dtype or self._dtype), requires_grad, device)
 
     def new_full(
-        self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: builtins.bool = False
+        self, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
+        requires_grad: builtins.bool = False,
     ) -> Tensor:
-        return self._new(np.full(_size((size,)), fill_value, dtype or self._dtype), requires_grad)
+        return self._new(np.full(_size((size,)), fill_value, dtype or self._dtype), requires_grad, device)
 
     # ---- autograd --------------------------------------------------------------------------------
 

@@ -67,6 +67,8 @@ async def test_factories_take_device_objects(rt: ag.Runtime) -> None:
         ag.zeros_like(x, device=dev), ag.ones_like(x, device=dev), ag.empty_like(x, device=dev),
         ag.full_like(x, 2.0, device=dev), ag.randn_like(x, device=dev), ag.rand_like(x, device=dev),
         nn.Parameter(np.zeros(2), device=dev), nn.Linear(2, 3, device=dev).weight,
+        x.new_zeros(2, device=dev), x.new_ones(2, device=dev), x.new_empty(2, device=dev),
+        x.new_full((2,), 1.0, device=dev), x.new_tensor([1.0], device=dev),
     ]
     assert all(t.device == dev for t in made)
     with pytest.raises(RuntimeError, match="CUDA device needs cupy and a GPU"):
