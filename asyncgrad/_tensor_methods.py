@@ -16,7 +16,8 @@ import numpy as np
 
 from . import autograd, ops
 from .autograd import _tensor_hooks
-from .devices import Device
+from .devices import DEVICE_TYPES, Device
+from .devices import device as device_spec
 from .ops._convert import alias, to_device
 from .ops._convert import contiguous as _contiguous
 from .ops._elementwise import (
@@ -39,7 +40,19 @@ from .ops._elementwise import (
 from .ops._index import setitem_parts
 from .ops._linalg import OP_MATMUL
 from .ops._shape import _T
-from .runtime import Tensor, apply, apply1, apply2, current_runtime, default_generator, is_ready, share_version
+from .runtime import (
+    Tensor,
+    apply,
+    apply1,
+    apply2,
+    current_runtime,
+    default_generator,
+    empty,
+    get_default_dtype,
+    is_ready,
+    share_version,
+    tensor,
+)
 from .runtime import _inplace as I
 
 # ---- operators ---------------------------------------------------------------------------------------------
@@ -85,15 +98,16 @@ OP_METHODS = (
     "add", "sub", "mul", "div", "pow", "remainder", "floor_divide", "maximum", "minimum", "neg", "exp", "log",
     "tanh", "sigmoid", "relu", "sqrt", "abs", "sign", "sin", "cos", "floor", "ceil", "round", "log1p", "expm1",
     "erf", "rsqrt", "reciprocal", "square", "lerp", "nan_to_num", "isnan", "isinf", "isfinite", "allclose",
-    "equal", "clamp", "clamp_min", "clamp_max",
+    "equal", "clamp", "clamp_min", "clamp_max", "addcmul", "addcdiv", "eq", "ne", "lt", "le", "gt", "ge",
+    "greater", "greater_equal", "less", "less_equal", "not_equal",
     # shape and indexing
     "reshape", "flatten", "permute", "transpose", "broadcast_to", "expand", "unsqueeze", "squeeze", "split",
     "chunk", "unbind", "narrow", "flip", "fliplr", "flipud", "roll", "movedim", "swapaxes", "unflatten",
     "repeat", "repeat_interleave", "tril", "triu", "diag", "trace", "scatter", "scatter_add", "gather",
-    "index_select",
+    "index_select", "unfold",
     # reductions and sorting
     "sum", "mean", "norm", "max", "min", "amax", "amin", "argmax", "argmin", "prod", "all", "any", "cumsum",
-    "logsumexp", "var", "std", "sort", "argsort", "topk", "masked_select", "nonzero", "argwhere",
+    "logsumexp", "var", "std", "sort", "argsort", "topk", "masked_select", "nonzero", "argwhere", "multinomial",
     # products and nn
     "matmul", "mm", "bmm", "dot", "outer", "addmm", "softmax", "log_softmax", "gelu",
 )
@@ -138,13 +152,18 @@ def contiguous(self: Tensor) -> Tensor:
     return _contiguous(self)
 
 
-def to(self: Tensor, device: Any = None, dtype: Any = None, *, copy: builtins.bool = False) -> Tensor:
-    """Move to ``device`` and/or convert to ``dtype`` (differentiable for float dtypes)."""
-    if device is not None and not isinstance(device, (str, Device)):
-        device, dtype = None, device  # t.to(dtype)
+def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """Move to a device and/or convert to a dtype (differentiable for float dtypes), as PyTorch's.
+
+    Forms: ``to(dtype)``, ``to(device=None, dtype=None)``, ``to(other)`` (``other``'s device and dtype); each
+    also takes ``non_blocking=`` (accepted: a copy to host memory is always ordered on the streams),
+    ``copy=`` (a new tensor even when nothing changes) and ``memory_format=`` (ignored: layouts are kept). A
+    device is a name (``"cpu"``), an ``asyncgrad.device`` or a runtime Device.
+    """
+    device, dtype, copy = to_args("Tensor.to", args, kwargs)
     t = self
-    if dtype is not None and np.dtype(dtype) != self._dtype:
-        t = ops.astype(t, np.dtype(dtype))
+    if dtype is not None and dtype != self._dtype:
+        t = ops.astype(t, dtype)
     if device is not None:
         dev = current_runtime("Tensor.to").device(device)
         if dev is not t._dev:
@@ -152,6 +171,72 @@ def to(self: Tensor, device: Any = None, dtype: Any = None, *, copy: builtins.bo
     if copy and t is self:
         t = ops.clone(self)
     return t
+
+
+def _is_device_like(x: Any) -> builtins.bool:
+    if isinstance(x, (Device, device_spec)):
+        return True
+    return isinstance(x, str) and x.partition(":")[0] in DEVICE_TYPES
+
+
+def to_args(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, builtins.bool]:
+    """``(device, dtype, copy)`` from the argument forms of PyTorch's ``Tensor.to`` / ``Module.to``."""
+    unknown = set(kwargs) - {"device", "dtype", "non_blocking", "copy", "memory_format"}
+    if unknown:
+        raise TypeError(f"{what}() got unexpected keyword argument(s) {sorted(unknown)}")
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    rest = list(args)
+    if rest and isinstance(rest[0], Tensor):  # to(other, non_blocking=False, copy=False)
+        other = rest.pop(0)
+        device, dtype = other._dev, other._dtype
+    elif rest and (rest[0] is None or _is_device_like(rest[0])):  # to(device, dtype=None, ...)
+        device = rest.pop(0)
+        if rest and not isinstance(rest[0], builtins.bool):
+            dtype = rest.pop(0)
+    elif rest and not isinstance(rest[0], builtins.bool):  # to(dtype, non_blocking=False, copy=False)
+        dtype = rest.pop(0)
+    flags = rest
+    if len(flags) > 2 or not builtins.all(isinstance(f, builtins.bool) for f in flags):
+        raise TypeError(
+            f"{what}() received an invalid combination of arguments {args!r}; expected (dtype), "
+            "(device=None, dtype=None), or (tensor), each followed by non_blocking=False, copy=False"
+        )
+    copy = kwargs.get("copy", flags[1] if len(flags) > 1 else False)
+    if dtype is not None:
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"{what}(): {dtype!r} is neither a device nor a dtype") from e
+    return device, dtype, builtins.bool(copy)
+
+
+def new(cls: type, *args: Any, device: Any = None) -> Tensor:
+    """PyTorch's legacy constructor: ``Tensor(2, 3)`` is uninitialised, ``Tensor([1., 2.])`` copies the data;
+    both in the default dtype (float32). ``asyncgrad.tensor`` is the usual way."""
+    dt = get_default_dtype()
+    dev = "cpu" if device is None else device
+    if not args:
+        return empty(0, dtype=dt, device=dev)
+    if builtins.all(isinstance(a, (builtins.int, np.integer)) and not isinstance(a, builtins.bool) for a in args):
+        return empty(*args, dtype=dt, device=dev)
+    if len(args) == 1:
+        (data,) = args
+        if isinstance(data, Tensor):
+            if data._dtype != dt:
+                raise TypeError(
+                    f"Tensor(t): expected a tensor of the default dtype {dt}, got {data._dtype}; use t.to({dt})"
+                )
+            return detach(data)
+        if isinstance(data, (list, tuple, np.ndarray)) or hasattr(data, "__array__"):
+            return tensor(data, dtype=dt, device=dev)
+        raise TypeError(f"new(): data must be a sequence (got {type(data).__name__})")
+    raise TypeError(
+        f"Tensor(*args): expected sizes (ints) or one sequence of data, got {tuple(type(a).__name__ for a in args)}"
+    )
+
+
+def _init(self: Tensor, *args: Any, device: Any = None) -> None:
+    pass  # everything happens in `new` (internal constructors bypass both)
 
 
 def where(self: Tensor, condition: Any, other: Any) -> Tensor:
@@ -236,6 +321,8 @@ METHODS: dict[str, Callable[..., Any]] = {
     "relu_": I.relu_,
     "clamp_": I.clamp_,
     "masked_fill_": I.masked_fill_,
+    "addcmul_": I.addcmul_,
+    "addcdiv_": I.addcdiv_,
     **{f"{name}_": I.unary_(f"{name}_", ufunc) for name, ufunc in (
         ("exp", np.exp), ("log", np.log), ("sqrt", np.sqrt), ("tanh", np.tanh), ("abs", np.abs),
         ("neg", np.negative),
@@ -255,6 +342,8 @@ def bind() -> None:
         setattr(Tensor, name, property(getter))
     for name, fn in METHODS.items():
         setattr(Tensor, name, fn)
+    Tensor.__new__ = staticmethod(new)  # type: ignore[assignment]
+    Tensor.__init__ = _init  # type: ignore[method-assign]
     Tensor.data = property(_data, Tensor._set_data)  # type: ignore[assignment,method-assign]
 
 

@@ -22,7 +22,7 @@ LAYERS = [
     ("ops",),
     ("autograd",),
     ("_tensor_methods",),
-    ("nn", "optim", "utils", "hosting", "distributed"),
+    ("nn", "optim", "utils", "hosting", "distributed", "cuda"),
     ("__init__",),
 ]
 # imports between packages of the top layer, which build on each other as PyTorch's do

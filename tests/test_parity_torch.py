@@ -83,7 +83,7 @@ async def _parity(kind: str, opt_name: str) -> None:
         model = _ag_mlp() if kind == "mlp" else _ag_cnn()
         tmodel = _torch_mlp() if kind == "mlp" else _torch_cnn()
         # identical initial weights: asyncgrad's (PyTorch-style) init copied into the torch model
-        tmodel.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+        tmodel.load_state_dict({k: torch.from_numpy(v.numpy()) for k, v in model.state_dict().items()})
         opt, topt = _optimizers(opt_name, model.parameters(), tmodel.parameters())
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         losses, tlosses = [], []

@@ -50,7 +50,9 @@ async def test_state_dict_values_are_copies() -> None:
     async with ag.open_runtime():
         lin = nn.Linear(3, 2)
         sd = lin.state_dict()
-        assert isinstance(sd["weight"], np.ndarray)
+        # values are detached Tensor copies, as PyTorch's values are Tensors (issue 20)
+        assert isinstance(sd["weight"], ag.Tensor) and not sd["weight"].requires_grad
+        assert sd["weight"].size() == (2, 3) and sd["weight"].clone().shape == (2, 3)
         sd["weight"][:] = 123.0
         assert not np.any(lin.weight.numpy() == 123.0)
         kv = lin.state_dict(keep_vars=True)

@@ -16,6 +16,7 @@ Around it: ``_function.py`` (custom `Function`), ``_checkpoint.py`` (recompute i
 ``_tensor_hooks.py`` (registering hooks), ``_gradcheck.py`` (finite-difference checks).
 """
 
+from ..runtime import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ._api import backward, grad
 from ._checkpoint import checkpoint
 from ._function import Function, FunctionCtx, once_differentiable
@@ -30,9 +31,13 @@ __all__ = [
     "GradcheckError",
     "backward",
     "checkpoint",
+    "enable_grad",
     "grad",
     "gradcheck",
     "gradgradcheck",
+    "inference_mode",
+    "no_grad",
     "once_differentiable",
     "queue_callback",
+    "set_grad_enabled",
 ]

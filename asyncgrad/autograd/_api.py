@@ -288,13 +288,26 @@ def grad(
     create_graph: bool = False,
     allow_unused: bool | None = None,
     materialize_grads: bool = False,
+    only_inputs: bool = True,
 ) -> Any:
     """Gradients of ``outputs`` w.r.t. ``inputs``, returned instead of accumulated; await the result.
+
+    ``only_inputs`` is accepted as PyTorch's (deprecated there, and ignored: only the inputs get
+    gradients; False warns, as in PyTorch).
 
     Returns:
         A tuple with one gradient per input; an input the outputs do not depend on raises, unless
         ``allow_unused=True`` (its entry is then None) or ``materialize_grads=True`` (zeros instead).
     """
+    if not only_inputs:
+        import warnings
+
+        warnings.warn(
+            "only_inputs argument is deprecated and is ignored now (defaults to True). To accumulate "
+            "gradient for other parts of the graph, please use asyncgrad.autograd.backward.",
+            FutureWarning,
+            stacklevel=2,
+        )
     if allow_unused is None:
         allow_unused = materialize_grads
     elif materialize_grads and not allow_unused:

@@ -26,10 +26,12 @@ from ._device import (
 )
 from ._hostmem import MIN_BYTES as HOST_CACHE_MIN_BYTES
 from ._hostmem import HostCache, HostCacheStatistics, lane_empty, private_base
+from ._spec import DEVICE_TYPES, device
 from ._stream import Event, KernelError, Lane, Stream, StreamStatistics, idle_siblings, run_parts
 
 __all__ = [
     "DEFAULT_LANE_NICE",
+    "DEVICE_TYPES",
     "HOST_CACHE_MIN_BYTES",
     "INLINE_MAX_ELEMENTS",
     "CPUDevice",
@@ -50,6 +52,7 @@ __all__ = [
     "blas_boosted",
     "blas_solo",
     "blas_unboost",
+    "device",
     "idle_siblings",
     "lane_empty",
     "private_base",

@@ -114,6 +114,14 @@ class Device(Actor):
     def __hash__(self) -> int:
         return self._hash
 
+    # a device is a live resource of its runtime, not a value: copies of tensors and modules share it
+    # (copying would reach the actor's nursery and coroutines)
+    def __copy__(self) -> Device:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Device:
+        return self
+
     def _new_stream(self) -> Stream:
         raise NotImplementedError
 

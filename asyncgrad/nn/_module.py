@@ -71,6 +71,9 @@ class _IncompatibleKeys(NamedTuple):
 def _as_numpy(v: Any) -> np.ndarray:
     if isinstance(v, Tensor):
         return v.numpy()
+    if hasattr(v, "detach") and hasattr(v, "numpy") and not isinstance(v, np.ndarray):
+        # a torch tensor (a parameter from a torch state dict with keep_vars=True requires grad)
+        return np.asarray(v.detach().cpu().numpy())
     return np.asarray(v)
 
 
@@ -422,8 +425,12 @@ class Module:
                         m._buffers[name] = fn(b)
         return self
 
-    def to(self, device: Any = None, dtype: Any = None) -> Module:
-        """Move parameters and buffers to ``device`` and/or cast floating ones to ``dtype``.
+    def to(self, *args: Any, **kwargs: Any) -> Module:
+        """Move parameters and buffers to a device and/or cast floating ones to a dtype.
+
+        Forms, as PyTorch's: ``to(device=None, dtype=None, non_blocking=False)``, ``to(dtype)``,
+        ``to(tensor)`` (its device and dtype); a device is a name (``"cpu"``), an ``asyncgrad.device``
+        or a runtime Device; ``non_blocking`` and ``memory_format`` are accepted.
 
         As in PyTorch, a dtype cast keeps every `Parameter` object (its value and its ``.grad`` are
         converted in place through ``.data``), so an optimizer created before ``to`` still updates the
@@ -431,8 +438,23 @@ class Module:
         asyncgrad limitation), so create optimizers after moving between devices.
         ``module.to("float64")`` / ``module.to(ag.float64)`` casts only.
         """
-        if dtype is None and _is_dtype_like(device):
-            device, dtype = None, device
+        unknown = set(kwargs) - {"device", "dtype", "non_blocking", "memory_format"}
+        if unknown:
+            raise TypeError(f"Module.to() got unexpected keyword argument(s) {sorted(unknown)}")
+        device, dtype = kwargs.get("device"), kwargs.get("dtype")
+        rest = [a for a in args if not isinstance(a, bool)]  # a positional non_blocking
+        if len(rest) > 2:
+            raise TypeError(f"Module.to() takes a device, a dtype or a tensor, got {args!r}")
+        if rest and isinstance(rest[0], Tensor):
+            device, dtype = rest[0].device, rest[0].dtype
+        elif rest:
+            first = rest.pop(0)
+            if _is_dtype_like(first) and not rest:
+                dtype = first
+            else:
+                device = first
+                if rest:
+                    dtype = rest.pop(0)
         if dtype is not None and np.dtype(dtype).kind not in "fc":
             raise TypeError(
                 f"nn.Module.to only accepts floating point or complex dtypes, but got desired dtype={dtype}"
@@ -460,6 +482,17 @@ class Module:
     def cpu(self) -> Module:
         """Move parameters and buffers to the CPU device."""
         return self.to("cpu")
+
+    def cuda(self, device: Any = None) -> Module:
+        """Move parameters and buffers to a CUDA device (an index, a name or a device; default the first).
+
+        Raises the runtime's clear error when asyncgrad has no CUDA device (no cupy or no GPU).
+        """
+        if device is None:
+            device = "cuda"
+        elif isinstance(device, int):
+            device = f"cuda:{device}"
+        return self.to(device)
 
     def double(self) -> Module:
         """Cast floating point parameters and buffers to float64."""
@@ -498,23 +531,21 @@ class Module:
 
         Args:
             prefix: Prepended to every key.
-            keep_vars: Return the Tensors themselves instead of numpy copies.
+            keep_vars: Return the Tensors themselves instead of detached copies.
 
         Returns:
-            An ordered dict ``name -> numpy array`` (copies taken after pending work finished).
+            An ordered dict ``name -> Tensor``: detached copies (with the parameters' layouts) taken in
+            stream order, so later in-place updates do not change them; as PyTorch's values they have
+            ``size()``, ``clone()``, ``numpy()``, and numpy functions take them.
         """
         out: OrderedDict[str, Any] = OrderedDict()
         for mprefix, m in self.named_modules(prefix=prefix.rstrip("."), remove_duplicate=False):
             for name, p in m._parameters.items():
                 if p is not None:
-                    out[f"{mprefix}.{name}" if mprefix else name] = (
-                        p if keep_vars else np.array(p.numpy(), copy=True)
-                    )
+                    out[f"{mprefix}.{name}" if mprefix else name] = p if keep_vars else p.detach().clone()
             for name, b in m._buffers.items():
                 if b is not None and name not in m._non_persistent:
-                    out[f"{mprefix}.{name}" if mprefix else name] = (
-                        b if keep_vars else np.array(b.numpy(), copy=True)
-                    )
+                    out[f"{mprefix}.{name}" if mprefix else name] = b if keep_vars else b.detach().clone()
         return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> _IncompatibleKeys:

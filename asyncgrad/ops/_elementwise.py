@@ -12,7 +12,7 @@ import numpy as np
 
 from ..devices import lane_empty
 from ..runtime._dispatch import apply, apply1, apply2
-from ..runtime._meta import broadcast_shapes
+from ..runtime._meta import broadcast_shapes, check_int_div
 from ..runtime._op import OpError, defop
 from ..runtime._promote import result_type, result_type2, to_float
 from ..runtime._tensor import Tensor
@@ -469,3 +469,19 @@ for _name, _np_fn, _ag_fn in (
     ("sign", np.sign, sign), ("abs", np.abs, abs), ("where", np.where, where),
 ):
     register_xp(_name, _np_fn, _ag_fn)
+
+
+greater, greater_equal, less, less_equal, not_equal = gt, ge, lt, le, ne
+
+
+
+def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+    """``input + value * tensor1 * tensor2`` (broadcasting; differentiable in all three)."""
+    return input + value * (tensor1 * tensor2)  # type: ignore[no-any-return]
+
+
+
+def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+    """``input + value * tensor1 / tensor2`` (broadcasting; differentiable in all three)."""
+    check_int_div("addcdiv", tensor1, tensor2)
+    return input + value * (tensor1 / tensor2)  # type: ignore[no-any-return]

@@ -556,3 +556,89 @@ register_xp("expand_dims", np.expand_dims, expand_dims)
 register_xp("reshape", np.reshape, reshape)
 register_xp("broadcast_to", np.broadcast_to, broadcast_to)
 register_xp("concat", lambda xs, axis: np.concatenate(xs, axis=axis), lambda xs, axis: concat(list(xs), axis))
+
+
+def _windows(n: int, size: int, step: int) -> int:
+    return (n - size) // step + 1
+
+
+
+def _unfold_meta(a: Tensor, dim: int, size: int, step: int) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    shape = list(a.shape) or [1]
+    shape[dim] = _windows(shape[dim], size, step)
+    return (*shape, size) if a.shape else (size,), a.dtype
+
+
+
+def _unfold_kernel(a: np.ndarray, dim: int, size: int, step: int) -> np.ndarray:
+    if a.ndim == 0:
+        return a.reshape(1)[:size].copy()
+    v = np.lib.stride_tricks.sliding_window_view(a, size, axis=dim)
+    sl = [slice(None)] * a.ndim
+    sl[dim] = slice(None, None, step)
+    return np.ascontiguousarray(v[tuple(sl)])
+
+
+
+def _fold_kernel(g: np.ndarray, in_shape: tuple[int, ...], dim: int, size: int, step: int) -> np.ndarray:
+    # the adjoint of unfold: overlap-add the windows back (for a fixed offset k the rows hit are distinct,
+    # so a strided slice-add is exact; no np.add.at needed)
+    z = np.zeros(in_shape, dtype=g.dtype)
+    if not in_shape:
+        return g.reshape(()).copy() if size else z
+    n = g.shape[dim]
+    for k in range(size):
+        sl = [slice(None)] * len(in_shape)
+        sl[dim] = slice(k, k + step * (n - 1) + 1, step)
+        z[tuple(sl)] += g[..., k]
+    return z
+
+
+
+def _unfold_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    in_shape = tuple(args[0].shape)
+    if isinstance(g, Tensor):  # create_graph: the adjoint as an op of its own, itself differentiable
+        return (apply(OP_UNFOLD_BACKWARD, (g,), {"in_shape": in_shape, **kw}),)
+    return (_fold_kernel(g, in_shape, **kw),)
+
+
+
+def _fold_meta(g: Tensor, in_shape: tuple[int, ...], dim: int, size: int, step: int) -> Any:
+    return in_shape, g.dtype
+
+
+
+def _fold_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    k = {"dim": kw["dim"], "size": kw["size"], "step": kw["step"]}
+    if isinstance(g, Tensor):
+        return (apply(OP_UNFOLD, (g,), k),)
+    return (_unfold_kernel(g, **k),)
+
+
+
+OP_UNFOLD = defop("unfold", _unfold_kernel, _unfold_meta, _unfold_rule, saves=())
+
+
+
+OP_UNFOLD_BACKWARD = defop("unfold_backward", _fold_kernel, _fold_meta, _fold_rule, saves=())
+
+
+
+def unfold(input: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """All windows of ``size`` elements, every ``step``, along ``dimension``, in a new last dimension
+    (PyTorch's ``Tensor.unfold``; a copy here, not a view). Differentiable (twice).
+
+    Raises:
+        OpError: If ``size`` exceeds the dimension, or ``step`` is not positive.
+    """
+    d = norm_dim("unfold", input, dimension)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+        raise OpError(f"unfold: size must be a non-negative int, got {size!r}")
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step <= 0:
+        raise OpError(f"unfold: step is {step} but must be > 0")
+    n = input.shape[d] if input.shape else 1
+    if size > n:
+        raise OpError(
+            f"unfold: maximum size for tensor at dimension {d} is {n} but size is {size} (shape {tuple(input.shape)})"
+        )
+    return apply(OP_UNFOLD, (input,), {"dim": d, "size": int(size), "step": int(step)})  # type: ignore[no-any-return]

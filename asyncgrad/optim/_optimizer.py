@@ -9,6 +9,7 @@ moment estimates) are allocated with the parameter's layout (`asyncgrad.runtime.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -66,7 +67,8 @@ class Optimizer:
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
-        self.state: dict[Tensor, dict[str, Any]] = {}
+        # as PyTorch's: ``self.state[p]`` is a new dict for a parameter seen for the first time
+        self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
         if isinstance(params, Tensor):
             raise TypeError(
@@ -181,7 +183,7 @@ class Optimizer:
                 g = p.grad
                 if g is None:
                     continue
-                self._update(p, g, group, self.state.setdefault(p, {}))
+                self._update(p, g, group, self.state[p])
         return loss
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
@@ -239,7 +241,7 @@ class Optimizer:
         for g, sg in zip(self.param_groups, saved_groups):
             for p, idx in zip(g["params"], sg["params"]):
                 id_map[idx] = p
-        new_state: dict[Tensor, dict[str, Any]] = {}
+        new_state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         for idx, st in state_dict["state"].items():
             p = id_map.get(idx)
             if p is None:
@@ -277,5 +279,6 @@ class Optimizer:
 
 
 _TENSOR_KEYS = frozenset(
-    {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg", "grad_avg", "sum"}
+    {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg", "grad_avg", "sum",
+     "acc_delta", "exp_inf", "ax", "prev", "step_size"}
 )

@@ -215,48 +215,58 @@ def rand(
     return _finish(arr, device, requires_grad, "asyncgrad.rand")
 
 
-def zeros_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def zeros_like(t: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """Zeros with ``t``'s shape, dtype and device."""
     arr = np.zeros(t.shape, dtype=t.dtype if dtype is None else np.dtype(dtype))
-    out = Tensor._wrap(arr, t.device)
+    out = Tensor._wrap(arr, _like_dev(t, device))
     return out.requires_grad_(True) if requires_grad else out
 
 
-def ones_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def _like_dev(t: Tensor, device: Any) -> Any:
+    return t.device if device is None else current_runtime("a *_like factory").device(device)
+
+
+def ones_like(t: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """Ones with ``t``'s shape, dtype and device."""
     arr = np.ones(t.shape, dtype=t.dtype if dtype is None else np.dtype(dtype))
-    out = Tensor._wrap(arr, t.device)
+    out = Tensor._wrap(arr, _like_dev(t, device))
     return out.requires_grad_(True) if requires_grad else out
 
 
-def empty_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def empty_like(t: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """An uninitialised tensor with ``t``'s shape, dtype and device."""
-    out = Tensor._wrap(np.empty(t.shape, dtype=t.dtype if dtype is None else np.dtype(dtype)), t.device)
+    out = Tensor._wrap(np.empty(t.shape, dtype=t.dtype if dtype is None else np.dtype(dtype)), _like_dev(t, device))
     return out.requires_grad_(True) if requires_grad else out
 
 
-def full_like(t: Tensor, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def full_like(
+    t: Tensor, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     """``fill_value`` everywhere, with ``t``'s shape, dtype and device."""
-    out = Tensor._wrap(np.full(t.shape, fill_value, dtype=t.dtype if dtype is None else np.dtype(dtype)), t.device)
+    arr = np.full(t.shape, fill_value, dtype=t.dtype if dtype is None else np.dtype(dtype))
+    out = Tensor._wrap(arr, _like_dev(t, device))
     return out.requires_grad_(True) if requires_grad else out
 
 
 def randn_like(
-    t: Tensor, *, dtype: Any = None, requires_grad: bool = False, generator: np.random.Generator | None = None
+    t: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False,
+    generator: np.random.Generator | None = None,
 ) -> Tensor:
     """Standard normal samples with ``t``'s shape, dtype and device."""
     g = generator or default_generator()
     arr = g.standard_normal(t.shape, dtype=np.float64).astype(t.dtype if dtype is None else np.dtype(dtype))
-    out = Tensor._wrap(arr, t.device)
+    out = Tensor._wrap(arr, _like_dev(t, device))
     return out.requires_grad_(True) if requires_grad else out
 
 
 def rand_like(
-    t: Tensor, *, dtype: Any = None, requires_grad: bool = False, generator: np.random.Generator | None = None
+    t: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False,
+    generator: np.random.Generator | None = None,
 ) -> Tensor:
     """Uniform samples in [0, 1) with ``t``'s shape, dtype and device."""
     g = generator or default_generator()
-    out = Tensor._wrap(g.random(t.shape).astype(t.dtype if dtype is None else np.dtype(dtype)), t.device)
+    arr = g.random(t.shape).astype(t.dtype if dtype is None else np.dtype(dtype))
+    out = Tensor._wrap(arr, _like_dev(t, device))
     return out.requires_grad_(True) if requires_grad else out
 
 

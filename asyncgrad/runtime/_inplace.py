@@ -17,6 +17,7 @@ from ..devices import INLINE_MAX_ELEMENTS, add_scaled
 from . import _grad_mode
 from ._dispatch import wait_for
 from ._runtime import current_stream
+from ._meta import check_int_div
 from ._tensor import Tensor, is_ready
 
 
@@ -208,3 +209,19 @@ def masked_fill_(self: Tensor, mask: Any, value: Any) -> Tensor:
     check_inplace(self, "masked_fill_")
     return inplace(self, lambda a, m: np.copyto(a, value, casting="unsafe", where=m), mask)
 
+
+
+def addcmul_(self: Tensor, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+    check_inplace(self, "addcmul_", tensor1, tensor2)
+    return inplace(
+        self, lambda a, t1, t2: np.add(a, value * (t1 * t2), out=a, casting="unsafe"), tensor1, tensor2
+    )
+
+
+
+def addcdiv_(self: Tensor, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+    check_inplace(self, "addcdiv_", tensor1, tensor2)
+    check_int_div("addcdiv_", tensor1, tensor2)
+    return inplace(
+        self, lambda a, t1, t2: np.add(a, value * (t1 / t2), out=a, casting="unsafe"), tensor1, tensor2
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import numpy as np
@@ -76,3 +77,12 @@ def _dim(op: str, x: Any, dim: int) -> int:
 def _float_check(op: str, x: Tensor) -> None:
     if x.dtype.kind not in "fc":
         raise OpError(f"{op}: expected a floating point tensor, got dtype {x.dtype}")
+
+
+def check_int_div(op: str, *xs: Any) -> None:
+    kinds = [(x.dtype.kind if isinstance(x, (Tensor, np.ndarray)) else np.asarray(x).dtype.kind) for x in xs]
+    if builtins.all(k in "biu" for k in kinds):
+        raise RuntimeError(
+            f"{op}: integer division with addcdiv is no longer supported, and in a future release addcdiv will "
+            "perform a true division of tensor1 and tensor2. Use a floating point tensor1 or tensor2"
+        )

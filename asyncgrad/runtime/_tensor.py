@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import copy
 import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ import numpy as np
 import trio
 
 from ..devices import Device, Stream
-from ._runtime import _task_streams
+from ._runtime import _task_streams, current_runtime
 
 _INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
 
@@ -390,33 +391,102 @@ class Tensor:
         arr = value._value()
         self._data, self._shape, self._dtype, self._stream = arr, arr.shape, arr.dtype, None
 
+    # ---- copies (copy.copy / copy.deepcopy, as PyTorch's) and CUDA-port names ------------------------------
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+        if self._grad_fn is not None:
+            raise RuntimeError(_DEEPCOPY_NONLEAF)
+        done = memo.get(id(self))
+        if done is not None:
+            return done  # type: ignore[no-any-return]
+        # order="K" keeps a dense layout's strides (channels-last stays channels-last)
+        new = Tensor._wrap(np.array(self._value(), copy=True, order="K"), self._dev)
+        new._rg = self._rg
+        memo[id(self)] = new
+        if self._grad is not None:
+            new._grad = copy.deepcopy(self._grad, memo)
+        _copy_extras(self, new, memo)
+        return new
+
+    def __copy__(self) -> Tensor:
+        # PyTorch's copy.copy: a new leaf sharing the memory (and so the version counter), requires_grad
+        # kept, no .grad
+        new = Tensor._wrap(self._value(), self._dev)
+        share_version(self, new)
+        new._rg = self._rg
+        _copy_extras(self, new, None)
+        return new
+
+    def cuda(self, device: Any = None, non_blocking: builtins.bool = False) -> Tensor:
+        """This tensor on a CUDA device (``device``: an index, a name or a device; default the first).
+
+        Raises the runtime's clear error when asyncgrad has no CUDA device (no cupy or no GPU).
+        """
+        if device is None:
+            device = "cuda"
+        elif isinstance(device, builtins.int):
+            device = f"cuda:{device}"
+        return self.to(device, non_blocking=non_blocking)  # type: ignore[no-any-return]
+
+    def pin_memory(self, device: Any = None) -> Tensor:
+        """Accepted for PyTorch programs: there is no CUDA device to pin for, so this is the tensor itself."""
+        return self
+
+    def is_pinned(self, device: Any = None) -> builtins.bool:
+        return False
+
     # ---- new tensors like this one (dtype and device default to this tensor's) --------------------
 
-    def _new(self, arr: np.ndarray, requires_grad: builtins.bool) -> Tensor:
-        t = Tensor._wrap(arr, self._dev)
+    def _new(self, arr: np.ndarray, requires_grad: builtins.bool, device: Any = None) -> Tensor:
+        dev = self._dev if device is None else current_runtime("Tensor.new_*").device(device)
+        t = Tensor._wrap(arr, dev)
         if requires_grad:
             t.requires_grad_()
         return t
 
-    def new_tensor(self, data: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
+    def new_tensor(
+        self, data: Any, dtype: Any = None, device: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
         """A new tensor holding a copy of ``data``, with this tensor's dtype unless ``dtype`` is given."""
         if isinstance(data, Tensor):
             data = data._value()
-        return self._new(np.array(data, dtype=dtype or self._dtype, copy=True), requires_grad)
+        return self._new(np.array(data, dtype=dtype or self._dtype, copy=True), requires_grad, device)
 
-    def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
-        return self._new(np.zeros(_size(size), dtype or self._dtype), requires_grad)
+    def new_zeros(
+        self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
+        return self._new(np.zeros(_size(size), dtype or self._dtype), requires_grad, device)
 
-    def new_ones(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
-        return self._new(np.ones(_size(size), dtype or self._dtype), requires_grad)
+    def new_ones(
+        self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
+        return self._new(np.ones(_size(size), dtype or self._dtype), requires_grad, device)
 
-    def new_empty(self, *size: Any, dtype: Any = None, requires_grad: builtins.bool = False) -> Tensor:
-        return self._new(np.empty(_size(size), dtype or self._dtype), requires_grad)
+    def new_empty(
+        self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: builtins.bool = False
+    ) -> Tensor:
+        return self._new(np.empty(_size(size), dtype or self._dtype), requires_grad, device)
 
     def new_full(
-        self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: builtins.bool = False
+        self, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
+        requires_grad: builtins.bool = False,
     ) -> Tensor:
-        return self._new(np.full(_size((size,)), fill_value, dtype or self._dtype), requires_grad)
+        return self._new(np.full(_size((size,)), fill_value, dtype or self._dtype), requires_grad, device)
+
+
+_DEEPCOPY_NONLEAF = (
+    "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at the "
+    "moment. If you were attempting to deepcopy a module, this may be because of a torch.nn.utils."
+    "weight_norm usage, see https://github.com/pytorch/pytorch/pull/103001"
+)
+# user attributes and the parameter mark travel with copies; autograd bookkeeping does not
+_COPIED_PRIVATE = frozenset({"_is_param"})
+
+
+def _copy_extras(src: Tensor, dst: Tensor, memo: dict[int, Any] | None) -> None:
+    for k, v in src.__dict__.items():
+        if k in _COPIED_PRIVATE or not k.startswith("_"):
+            dst.__dict__[k] = v if memo is None else copy.deepcopy(v, memo)
 
 
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:

@@ -1,0 +1,300 @@
+"""`ag.save` / `ag.load`: safetensors checkpoints without pickle (issue 20, part 2)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import textwrap
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+from asyncgrad import nn
+
+
+def _eq(a: Any, b: Any) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+async def test_roundtrip_nested_plain_and_tensors(rt: ag.Runtime, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    obj: dict[Any, Any]
+    t64 = ag.tensor(rng.standard_normal((3, 4)), dtype=ag.float64)
+    obj = {
+        "model": OrderedDict(w=ag.tensor(rng.standard_normal((2, 2)).astype(np.float32)), b=ag.zeros(2)),
+        "ints": ag.arange(5), "mask": ag.tensor([True, False]), "half": ag.ones(3, dtype=ag.float16),
+        "u8": ag.tensor(np.arange(4, dtype=np.uint8)), "i32": ag.tensor(np.arange(3, dtype=np.int32)),
+        "scalar0d": ag.tensor(3.5),
+        "empty": ag.zeros(0, 3),
+        "plain": [None, True, 3, 2.5, "text", (1, (2, "x")), float("inf")],
+        0: "int key", 1.5: "float key", None: "none key",
+        "same": [t64, t64],
+        "ndarray": np.arange(6.0).reshape(2, 3),
+        "np_scalar": np.float32(1.25),
+        "dtype": ag.float64, "device": ag.device("cpu"),
+    }
+    path = tmp_path / "ckpt.safetensors"
+    ag.save(obj, path)
+    back = ag.load(path)
+    assert set(back) == set(obj)
+    assert isinstance(back["model"], OrderedDict) and list(back["model"]) == ["w", "b"]
+    for k in ("ints", "mask", "half", "u8", "i32", "scalar0d", "empty"):
+        assert isinstance(back[k], ag.Tensor)
+        _eq(back[k], obj[k])
+    _eq(back["model"]["w"], obj["model"]["w"])
+    assert back["plain"] == [None, True, 3, 2.5, "text", (1, (2, "x")), float("inf")]
+    assert type(back["plain"][2]) is int and type(back["plain"][3]) is float
+    assert back[0] == "int key" and back[1.5] == "float key" and back[None] == "none key"
+    assert back["same"][0] is back["same"][1]  # one object in, one object out
+    assert isinstance(back["ndarray"], np.ndarray)
+    np.testing.assert_array_equal(back["ndarray"], obj["ndarray"])
+    assert back["np_scalar"] == np.float32(1.25) and back["np_scalar"].dtype == np.float32
+    assert back["dtype"] == np.float64 and back["device"] == ag.device("cpu")
+    # loaded tensors own writable memory: in-place ops work
+    with ag.no_grad():
+        back["model"]["w"].add_(1.0)
+
+
+async def test_layouts_come_back(rt: ag.Runtime) -> None:
+    base = np.random.default_rng(1).standard_normal((2, 3, 4, 5))
+    cl = ag.tensor(base).contiguous()
+    cl = ag.tensor(np.ascontiguousarray(base.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2))  # channels-last
+    tr = ag.tensor(np.asfortranarray(base[0, 0]))
+    sliced = ag.tensor(base)[:, ::2]  # not dense: stored C-contiguous
+    buf = io.BytesIO()
+    ag.save({"cl": cl, "tr": tr, "sliced": sliced}, buf)
+    buf.seek(0)
+    back = ag.load(buf)
+    assert back["cl"].stride() == cl.stride() == (60, 1, 15, 3)
+    assert back["tr"].stride() == tr.stride()
+    for k in ("cl", "tr", "sliced"):
+        np.testing.assert_array_equal(back[k].numpy(), {"cl": cl, "tr": tr, "sliced": sliced}[k].numpy())
+    assert back["sliced"].is_contiguous()
+
+
+async def test_parameters_requires_grad_and_map_location(rt: ag.Runtime, tmp_path: Path) -> None:
+    m = nn.Linear(3, 2)
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2  # a non-leaf saves its value and loads as a leaf, as in PyTorch
+    p = tmp_path / "p.st"
+    ag.save({"w": m.weight, "x": x, "y": y, "sd": m.state_dict()}, str(p))
+    for loc in (None, "cpu", ag.device("cpu"), {"cpu:0": "cpu"}, {"cpu": "cpu"}):
+        back: Any = ag.load(p, map_location=loc, weights_only=True)
+        assert isinstance(back["w"], ag.Tensor) and isinstance(back["w"], nn.Parameter)
+        assert back["w"].requires_grad
+        assert back["x"].requires_grad and back["x"].is_leaf and not back["y"].requires_grad
+        _eq(back["w"], m.weight)
+    seen: list[str] = []
+    def remap(t: ag.Tensor, loc: str) -> ag.Tensor:
+        seen.append(loc)
+        return t * 1
+
+    back = ag.load(p, map_location=remap, weights_only=False)
+    assert seen and set(seen) == {"cpu"}
+    with pytest.raises(RuntimeError, match="map_location='cpu'"):
+        ag.load(p, map_location="cuda")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        ag.load(p, bogus=1)
+
+
+async def test_module_and_optimizer_checkpoint(rt: ag.Runtime, tmp_path: Path) -> None:
+    ag.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = ag.optim.Adam(m.parameters(), lr=1e-2)
+    x = ag.randn(5, 4)
+    for _ in range(2):
+        opt.zero_grad()
+        await m(x).pow(2).sum().backward()
+        opt.step()
+    ckpt = {"model": m.state_dict(), "optim": opt.state_dict(), "epoch": 2}
+    ag.save(ckpt, tmp_path / "c.st")
+    back = ag.load(tmp_path / "c.st")
+    m2 = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt2 = ag.optim.Adam(m2.parameters(), lr=1e-2)
+    m2.load_state_dict(back["model"])
+    opt2.load_state_dict(back["optim"])
+    assert back["epoch"] == 2
+    for mm, oo in ((m, opt), (m2, opt2)):
+        oo.zero_grad()
+        await mm(x).pow(2).sum().backward()
+        oo.step()
+    np.testing.assert_array_equal(m2(x).numpy(), m(x).numpy())
+
+
+async def test_other_tools_read_and_write_the_format(rt: ag.Runtime, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import safetensors.numpy
+    import safetensors.torch
+
+    m = nn.Linear(3, 2, dtype=ag.float64)
+    ag.save(m.state_dict(), tmp_path / "m.st")
+    sd = safetensors.torch.load_file(str(tmp_path / "m.st"))  # PyTorch reads it as a state dict
+    tm = torch.nn.Linear(3, 2, dtype=torch.float64)
+    tm.load_state_dict(sd)
+    x = np.random.default_rng(2).standard_normal((4, 3))
+    np.testing.assert_array_equal(tm(torch.from_numpy(x)).detach().numpy(), m(ag.tensor(x)).numpy())
+    assert set(safetensors.numpy.load_file(str(tmp_path / "m.st"))) == {"weight", "bias"}
+    # and a file PyTorch wrote loads as {name: Tensor}, into a strict load_state_dict
+    safetensors.torch.save_file(tm.state_dict(), str(tmp_path / "t.st"))
+    back = ag.load(tmp_path / "t.st")
+    assert list(back) == ["bias", "weight"] or set(back) == {"weight", "bias"}
+    m2 = nn.Linear(3, 2, dtype=ag.float64)
+    m2.load_state_dict(back)
+    np.testing.assert_array_equal(m2(ag.tensor(x)).numpy(), m(ag.tensor(x)).numpy())
+
+
+async def test_bad_objects_are_refused_on_save(rt: ag.Runtime) -> None:
+    with pytest.raises(TypeError, match=r"obj\['a'\]\['b'\] is a set"):
+        ag.save({"a": {"b": {1, 2}}}, io.BytesIO())
+    with pytest.raises(TypeError, match="is a object"):
+        ag.save([object()], io.BytesIO())
+    with pytest.raises(TypeError, match="has a key of type tuple"):
+        ag.save({(1, 2): 3}, io.BytesIO())
+    with pytest.raises(TypeError, match="cannot store"):
+        ag.save(np.array(["a"]), io.BytesIO())
+    deep: list = []
+    cur = deep
+    for _ in range(100):
+        cur.append([])
+        cur = cur[0]
+    with pytest.raises(TypeError, match="nested more than"):
+        ag.save(deep, io.BytesIO())
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        ag.save({}, io.BytesIO(), protocol=2)
+
+
+# ---- crafted files are refused and run nothing ------------------------------------------------------
+
+
+class _Evil:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _header_file(header: object, data: bytes = b"", *, claim: int | None = None) -> bytes:
+    h = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    return struct.pack("<Q", len(h) if claim is None else claim) + h + data
+
+
+def _good(tmp_path: Path) -> bytes:
+    import safetensors.numpy
+
+    return safetensors.numpy.save({"a": np.arange(4, dtype=np.float32)})
+
+
+async def test_malicious_files_are_refused(rt: ag.Runtime, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = pickle.dumps({"w": _Evil(str(marker))})
+    assert b"system" in evil
+    cases: dict[str, tuple[bytes, str]] = {
+        "pickle": (evil, "looks like a pickle"),
+        "pickle0": (pickle.dumps(_Evil(str(marker)), protocol=0), "looks like a pickle|not valid"),
+        "empty": (b"", "fewer than the 8-byte"),
+        "huge header": (struct.pack("<Q", 1 << 40) + b"{}", "over the .*-byte limit"),
+        "header past the end": (_header_file({}, claim=4096), "the file has only"),
+        "not json": (_header_file(b"{not json}   "), "not valid UTF-8 JSON"),
+        "not an object": (_header_file(b"[1, 2]"), "does not start with a JSON object"),
+        "unknown dtype": (_header_file({"a": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}, b"\0\0"),
+                          "dtype 'BF16'"),
+        "size lie": (_header_file({"a": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 8]}}, b"\0" * 8),
+                     "needs 4000 bytes but claims 8"),
+        "offsets past data": (_header_file({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8),
+                              "data section has 8 bytes"),
+        "overlap": (_header_file({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12),
+                    "overlap"),
+        "negative shape": (_header_file({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}),
+                           "bad shape"),
+        "extra field": (_header_file({"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0], "x": 1}}),
+                        "exactly dtype, shape and data_offsets"),
+        "bad metadata": (_header_file({"__metadata__": {"asyncgrad": 3}}), "string-to-string"),
+        "bad structure json": (_header_file({"__metadata__": {"asyncgrad": "{nope"}}), "not valid JSON"),
+        "unknown tag": (_header_file({"__metadata__": {"asyncgrad": json.dumps(
+            {"version": 1, "obj": {"T": "pickle", "v": "cos\nsystem\n"}})}}), "unknown tag 'pickle'"),
+        "missing tensor": (_header_file({"__metadata__": {"asyncgrad": json.dumps(
+            {"version": 1, "obj": {"T": "tensor", "k": "nope"}})}}), "does not hold"),
+        "bad version": (_header_file({"__metadata__": {"asyncgrad": json.dumps({"version": 99, "obj": 1})}}),
+                        "unknown layout or version"),
+        "deep structure": (_header_file({"__metadata__": {"asyncgrad": json.dumps(
+            {"version": 1, "obj": json.loads('{"T": "list", "items": [' * 80 + "]}" * 80)})}}), "nested more"),
+    }
+    torch: Any = None
+    try:
+        import torch
+    except ImportError:
+        pass
+    if torch is not None:
+        zbuf = io.BytesIO()
+        torch.save({"w": torch.zeros(2)}, zbuf)
+        cases["torch zip"] = (zbuf.getvalue(), "zip archive.*pickles")
+    for name, (data, msg) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.bin"
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=msg):
+            ag.load(path)
+        with pytest.raises(ValueError, match=msg):
+            ag.load(io.BytesIO(data))
+    assert not marker.exists()  # nothing ran
+    # a good file still loads, from a path and from an open file
+    (tmp_path / "ok.st").write_bytes(_good(tmp_path))
+    np.testing.assert_array_equal(ag.load(tmp_path / "ok.st")["a"].numpy(), np.arange(4))
+    with open(tmp_path / "ok.st", "rb") as fh:
+        np.testing.assert_array_equal(ag.load(fh)["a"].numpy(), np.arange(4))
+    with open(tmp_path / "ok.st") as text_fh, pytest.raises(TypeError, match="binary mode"):
+        ag.load(text_fh)  # type: ignore[arg-type]
+
+
+_PROG = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import asyncgrad as ag
+    from asyncgrad import nn
+
+    def build():
+        return nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+
+    async def main(mode, path):
+        if mode == "save":
+            ag.manual_seed(7)
+            model = build()
+            model.to(ag.float64)
+            x = ag.randn(2, 2, 6, 6, dtype=ag.float64)
+            ag.save({"model": model.state_dict(), "x": x, "y": model(x)}, path)
+        else:
+            ck = ag.load(path, map_location="cpu", weights_only=True)
+            model = build().to(ag.float64)
+            model.load_state_dict(ck["model"])
+            y = model(ck["x"])
+            assert np.array_equal(y.numpy(), ck["y"].numpy()), (y.numpy(), ck["y"].numpy())
+            print("identical", float(abs(y - ck["y"]).max()))
+
+    ag.run(main, sys.argv[1], sys.argv[2])
+    """
+)
+
+
+def test_save_in_one_process_load_in_another(tmp_path: Path) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text(_PROG)
+    ck = tmp_path / "ck.safetensors"
+    env = {**os.environ, "PYTHONPATH": str(Path(ag.__file__).parents[1])}
+    for mode in ("save", "load"):
+        r = subprocess.run(
+            [sys.executable, str(prog), mode, str(ck)], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert r.returncode == 0, r.stderr
+    assert "identical 0.0" in r.stdout
