@@ -57,8 +57,17 @@ from ._loss import (
     SmoothL1Loss,
 )
 from ._module import Module, Parameter, load_state_dict_file, save_state_dict
+from ._rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 
 __all__ = [
+    "GRU",
+    "LSTM",
+    "RNN",
+    "GRUCell",
+    "LSTMCell",
+    "RNNBase",
+    "RNNCell",
+    "RNNCellBase",
     "ELU",
     "GELU",
     "AvgPool2d",

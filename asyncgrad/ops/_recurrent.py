@@ -1,0 +1,308 @@
+"""Fused recurrences: one op per layer and direction runs a whole sequence of an RNN, LSTM or GRU.
+
+The forward kernel multiplies every time step's input by ``W_ih`` in one GEMM, then loops over the time
+steps in numpy (one ``(B, H) @ (H, G*H)`` product and a few elementwise ops per step) inside ONE kernel on
+a lane. Its backward rule is one kernel too: it walks the steps in reverse for the hidden-state gradients
+only, then computes ``dW_ih``, ``dW_hh``, the biases and ``dx`` with one GEMM each over all steps.
+
+The op has one output, a flat buffer packing ``y`` (the hidden state of every step, ``(T, B, H)``), then
+what the backward needs (the gate activations and, for an LSTM, every cell state). `recurrent_layer`
+returns views of it: ``y``, ``h_n`` (a step of ``y``) and ``c_n`` (a step of the cell states), so the
+gradients of all three reach the one rule through the buffer.
+
+Gate layouts are PyTorch's: LSTM ``i, f, g, o``; GRU ``r, z, n`` with ``n = tanh(W_in x + b_in + r * (W_hn h +
+b_hn))``; RNN ``tanh`` or ``relu``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..runtime import OpError, Tensor, apply, defop
+
+__all__ = ["RECURRENT_MODES", "recurrent_layer"]
+
+# mode -> gates per hidden unit
+RECURRENT_MODES: dict[str, int] = {"rnn_tanh": 1, "rnn_relu": 1, "lstm": 4, "gru": 3}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # tanh form: no overflow warning for large |x| (1 / (1 + exp(-x)) overflows exp)
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # type: ignore[no-any-return]
+
+
+def _ws_size(mode: str, t: int, b: int, h: int) -> int:
+    """Elements after ``y`` in the packed buffer: LSTM gates (4H) and cells (H), GRU r z n and W_hn h + b_hn."""
+    if mode == "lstm":
+        return t * b * 5 * h
+    if mode == "gru":
+        return t * b * 4 * h
+    return 0
+
+
+def _order(t: int, reverse: bool) -> range:
+    return range(t - 1, -1, -1) if reverse else range(t)
+
+
+# ---- forward ----------------------------------------------------------------------------------------
+
+
+def _recurrent_kernel(
+    x: np.ndarray,
+    h0: np.ndarray,
+    c0: np.ndarray | None,
+    w_ih: np.ndarray,
+    w_hh: np.ndarray,
+    b_ih: np.ndarray | None,
+    b_hh: np.ndarray | None,
+    mode: str,
+    reverse: bool,
+) -> np.ndarray:
+    t_len, b, _ = x.shape
+    h = h0.shape[1]
+    dt = x.dtype
+    n_y = t_len * b * h
+    buf = np.empty(n_y + _ws_size(mode, t_len, b, h), dt)
+    y = buf[:n_y].reshape(t_len, b, h)
+    # every step's input projection in one GEMM
+    xw = (x.reshape(t_len * b, -1) @ w_ih.T).reshape(t_len, b, -1)
+    if b_ih is not None:
+        xw += b_ih
+    w_hh_t = w_hh.T
+    hp = h0
+    if mode == "lstm":
+        if b_hh is not None:
+            xw += b_hh
+        gates = buf[n_y : n_y + 4 * n_y].reshape(t_len, b, 4 * h)
+        cells = buf[n_y + 4 * n_y :].reshape(t_len, b, h)
+        cp: Any = c0
+        for s in _order(t_len, reverse):
+            pre = xw[s] + hp @ w_hh_t
+            gs = gates[s]
+            gs[:, : 2 * h] = _sigmoid(pre[:, : 2 * h])  # i, f
+            gs[:, 2 * h : 3 * h] = np.tanh(pre[:, 2 * h : 3 * h])  # g
+            gs[:, 3 * h :] = _sigmoid(pre[:, 3 * h :])  # o
+            i, f, g, o = gs[:, :h], gs[:, h : 2 * h], gs[:, 2 * h : 3 * h], gs[:, 3 * h :]
+            c = cells[s]
+            np.multiply(f, cp, out=c)
+            c += i * g
+            np.multiply(o, np.tanh(c), out=y[s])
+            hp, cp = y[s], c
+    elif mode == "gru":
+        ws = buf[n_y:].reshape(t_len, b, 4 * h)  # r, z, n, W_hn h + b_hn
+        for s in _order(t_len, reverse):
+            gh = hp @ w_hh_t
+            if b_hh is not None:
+                gh += b_hh
+            gi = xw[s]
+            w = ws[s]
+            w[:, : 2 * h] = _sigmoid(gi[:, : 2 * h] + gh[:, : 2 * h])
+            r, z = w[:, :h], w[:, h : 2 * h]
+            w[:, 3 * h :] = gh[:, 2 * h :]
+            w[:, 2 * h : 3 * h] = np.tanh(gi[:, 2 * h :] + r * gh[:, 2 * h :])
+            n = w[:, 2 * h : 3 * h]
+            # h' = (1 - z) * n + z * h = n + z * (h - n)
+            np.add(n, z * (hp - n), out=y[s])
+            hp = y[s]
+    else:
+        if b_hh is not None:
+            xw += b_hh
+        relu = mode == "rnn_relu"
+        for s in _order(t_len, reverse):
+            pre = xw[s] + hp @ w_hh_t
+            if relu:
+                np.maximum(pre, 0, out=y[s])
+            else:
+                np.tanh(pre, out=y[s])
+            hp = y[s]
+    return buf
+
+
+# ---- backward ---------------------------------------------------------------------------------------
+
+
+def _prev_hidden(y: np.ndarray, h0: np.ndarray, reverse: bool) -> np.ndarray:
+    """The hidden state each step started from, ``(T, B, H)``."""
+    hprev = np.empty_like(y)
+    if reverse:
+        hprev[-1] = h0
+        hprev[:-1] = y[1:]
+    else:
+        hprev[0] = h0
+        hprev[1:] = y[:-1]
+    return hprev
+
+
+def _recurrent_grads(
+    g: np.ndarray, args: list[Any], out: np.ndarray, kw: dict[str, Any], needs: Any
+) -> tuple[Any, ...]:
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh = args
+    mode, reverse = kw["mode"], kw["reverse"]
+    t_len, b, n_in = x.shape
+    h = h0.shape[1]
+    n_y = t_len * b * h
+    y = out[:n_y].reshape(t_len, b, h)
+    dy = g[:n_y].reshape(t_len, b, h)
+    dh = np.zeros((b, h), g.dtype)
+    steps = list(reversed(_order(t_len, reverse)))
+    dc0 = None
+    if mode == "lstm":
+        gates = out[n_y : 5 * n_y].reshape(t_len, b, 4 * h)
+        cells = out[5 * n_y :].reshape(t_len, b, h)
+        dcells = g[5 * n_y :].reshape(t_len, b, h)  # c_n's gradient (and any other step's)
+        dgi = np.empty((t_len, b, 4 * h), g.dtype)
+        dc = np.zeros((b, h), g.dtype)
+        for k, s in enumerate(steps):
+            gs = gates[s]
+            i, f, gg, o = gs[:, :h], gs[:, h : 2 * h], gs[:, 2 * h : 3 * h], gs[:, 3 * h :]
+            if k + 1 < len(steps):
+                cp = cells[steps[k + 1]]
+            else:
+                cp = c0
+            dht = dy[s] + dh
+            tc = np.tanh(cells[s])
+            dct = dc + dcells[s] + dht * o * (1.0 - tc * tc)
+            d = dgi[s]
+            d[:, :h] = dct * gg * i * (1.0 - i)
+            d[:, h : 2 * h] = dct * cp * f * (1.0 - f)
+            d[:, 2 * h : 3 * h] = dct * i * (1.0 - gg * gg)
+            d[:, 3 * h :] = dht * tc * o * (1.0 - o)
+            dc = dct * f
+            dh = d @ w_hh
+        dc0 = dc
+        dgh = dgi
+    elif mode == "gru":
+        ws = out[n_y:].reshape(t_len, b, 4 * h)
+        dgi = np.empty((t_len, b, 3 * h), g.dtype)
+        dgh = np.empty((t_len, b, 3 * h), g.dtype)
+        for k, s in enumerate(steps):
+            w = ws[s]
+            r, z, n, ghn = w[:, :h], w[:, h : 2 * h], w[:, 2 * h : 3 * h], w[:, 3 * h :]
+            hp = y[steps[k + 1]] if k + 1 < len(steps) else h0
+            dht = dy[s] + dh
+            dn = dht * (1.0 - z) * (1.0 - n * n)
+            dz = dht * (hp - n) * z * (1.0 - z)
+            dr = dn * ghn * r * (1.0 - r)
+            di, dhh = dgi[s], dgh[s]
+            di[:, :h] = dr
+            di[:, h : 2 * h] = dz
+            di[:, 2 * h :] = dn
+            dhh[:, : 2 * h] = di[:, : 2 * h]
+            dhh[:, 2 * h :] = dn * r
+            dh = dht * z + dhh @ w_hh
+    else:
+        dgi = np.empty((t_len, b, h), g.dtype)
+        relu = mode == "rnn_relu"
+        for s in steps:
+            dht = dy[s] + dh
+            ys = y[s]
+            np.multiply(dht, (ys > 0) if relu else (1.0 - ys * ys), out=dgi[s])
+            dh = dgi[s] @ w_hh
+        dgh = dgi
+    dgi2 = dgi.reshape(t_len * b, -1)
+    dgh2 = dgh.reshape(t_len * b, -1)
+    dx = (dgi2 @ w_ih).reshape(x.shape) if needs[0] else None
+    dw_ih = dgi2.T @ x.reshape(t_len * b, n_in) if needs[3] else None
+    dw_hh = dgh2.T @ _prev_hidden(y, h0, reverse).reshape(t_len * b, h) if needs[4] else None
+    db_ih = dgi2.sum(0) if b_ih is not None and needs[5] else None
+    db_hh = dgh2.sum(0) if b_hh is not None and needs[6] else None
+    return (dx, dh, dc0 if c0 is not None else None, dw_ih, dw_hh, db_ih, db_hh)
+
+
+def _recurrent_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    if not isinstance(g, np.ndarray):
+        raise RuntimeError(
+            f"{kw['mode']}: a double backward (create_graph=True) through the fused recurrence is not "
+            "supported; compute the first gradient without create_graph, or unroll the cell with ops"
+        )
+    return _recurrent_grads(g, args, out, kw, needs)
+
+
+def _recurrent_meta(
+    x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, mode: str, reverse: bool
+) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if mode not in RECURRENT_MODES:
+        raise OpError(f"recurrent_layer: unknown mode {mode!r}; expected one of {sorted(RECURRENT_MODES)}")
+    gates = RECURRENT_MODES[mode]
+    if x.ndim != 3:
+        raise OpError(f"{mode}: expected an input of shape (seq_len, batch, input_size), got {tuple(x.shape)}")
+    t_len, b, n_in = x.shape
+    if w_ih.ndim != 2 or w_ih.shape[1] != n_in or w_ih.shape[0] % gates:
+        raise OpError(
+            f"{mode}: weight_ih of shape {tuple(w_ih.shape)} does not fit an input of shape {tuple(x.shape)}: "
+            f"expected ({gates} * hidden_size, {n_in})"
+        )
+    h = w_ih.shape[0] // gates
+    want = {
+        "hx": (h0, (b, h)),
+        "weight_hh": (w_hh, (gates * h, h)),
+        "bias_ih": (b_ih, (gates * h,)),
+        "bias_hh": (b_hh, (gates * h,)),
+        "cx": (c0, (b, h)),
+    }
+    if mode == "lstm" and c0 is None:
+        raise OpError("lstm: expected an initial cell state c0 of shape (batch, hidden_size), got None")
+    if mode != "lstm" and c0 is not None:
+        raise OpError(f"{mode}: only an LSTM takes a cell state, got c0")
+    for name, (t, shape) in want.items():
+        if t is not None and tuple(t.shape) != shape:
+            raise OpError(f"{mode}: expected {name} of shape {shape}, got {tuple(t.shape)}")
+    dts = {str(t.dtype) for t in (x, h0, c0, w_ih, w_hh, b_ih, b_hh) if t is not None}
+    if len(dts) != 1 or x.dtype.kind != "f":
+        raise OpError(
+            f"{mode}: expected input, states and weights of one floating point dtype, got {sorted(dts)}; "
+            "convert them with .to(dtype) (or the module with .double() / .float())"
+        )
+    n_y = t_len * b * h
+    return (n_y + _ws_size(mode, t_len, b, h),), x.dtype
+
+
+OP_RECURRENT = defop("recurrent_layer", _recurrent_kernel, _recurrent_meta, _recurrent_rule, save_out=True)
+
+
+def recurrent_layer(
+    mode: str,
+    input: Tensor,
+    hx: Tensor,
+    cx: Tensor | None,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Tensor | None = None,
+    bias_hh: Tensor | None = None,
+    reverse: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Run one layer and direction of an RNN, LSTM or GRU over a whole sequence, as one op.
+
+    Args:
+        mode: ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"`` or ``"gru"``.
+        input: ``(seq_len, batch, input_size)``.
+        hx: Initial hidden state ``(batch, hidden_size)``.
+        cx: Initial cell state ``(batch, hidden_size)`` for an LSTM, else None.
+        weight_ih: ``(gates * hidden_size, input_size)``, PyTorch's gate order.
+        weight_hh: ``(gates * hidden_size, hidden_size)``.
+        bias_ih: ``(gates * hidden_size,)`` or None.
+        bias_hh: ``(gates * hidden_size,)`` or None.
+        reverse: Walk the sequence from its last step to its first (the backward direction of a
+            bidirectional layer); ``output[t]`` is still the state at step ``t``.
+
+    Returns:
+        ``(output, h_n, c_n)``: output ``(seq_len, batch, hidden_size)``, the final states
+        ``(batch, hidden_size)``; ``c_n`` is None except for an LSTM.
+    """
+    if input.ndim == 3 and input.shape[0] == 0:
+        raise OpError(f"{mode}: expected a sequence of at least one step, got input of shape {input.shape}")
+    args = (input, hx, cx, weight_ih, weight_hh, bias_ih, bias_hh)
+    packed = apply(OP_RECURRENT, args, {"mode": mode, "reverse": bool(reverse)})
+    t_len, b = input.shape[0], input.shape[1]
+    h = hx.shape[1]
+    n_y = t_len * b * h
+    y = packed[:n_y].reshape(t_len, b, h)
+    last = 0 if reverse else t_len - 1
+    h_n = y[last]
+    c_n = None
+    if mode == "lstm":
+        start = 5 * n_y + last * b * h
+        c_n = packed[start : start + b * h].reshape(b, h)
+    return y, h_n, c_n

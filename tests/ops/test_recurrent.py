@@ -1,0 +1,71 @@
+"""The fused recurrence op: central-difference gradient checks in float64, for every mode and direction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+from port_helpers import gradcheck
+
+import asyncgrad as ag
+from asyncgrad.ops import recurrent_layer
+
+
+@pytest.mark.parametrize("mode", ["rnn_tanh", "rnn_relu", "lstm", "gru"])
+@pytest.mark.parametrize("reverse", [False, True])
+async def test_recurrent_layer_gradcheck(rt, rng, mode, reverse) -> None:
+    g = {"rnn_tanh": 1, "rnn_relu": 1, "lstm": 4, "gru": 3}[mode]
+    t_len, b, i, h = 4, 2, 3, 3
+    x = rng.standard_normal((t_len, b, i))
+    h0 = rng.standard_normal((b, h)) * 0.5
+    c0 = rng.standard_normal((b, h)) * 0.5
+    w_ih = rng.standard_normal((g * h, i)) * 0.5
+    w_hh = rng.standard_normal((g * h, h)) * 0.5
+    b_ih = rng.standard_normal(g * h) * 0.3
+    b_hh = rng.standard_normal(g * h) * 0.3
+    lstm = mode == "lstm"
+
+    def fn(x, h0, *rest):
+        if lstm:
+            c, wi, wh, bi, bh = rest
+        else:
+            (wi, wh, bi, bh), c = rest, None
+        y, hn, cn = recurrent_layer(mode, x, h0, c, wi, wh, bi, bh, reverse=reverse)
+        parts = [y.reshape(-1), hn.reshape(-1) * 2.0]
+        if cn is not None:
+            parts.append(cn.reshape(-1) * 3.0)
+        return ag.cat(parts, 0)
+
+    inputs = [x, h0, c0, w_ih, w_hh, b_ih, b_hh] if lstm else [x, h0, w_ih, w_hh, b_ih, b_hh]
+    with trio.fail_after(60):
+        assert await gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
+
+
+async def test_recurrent_layer_without_bias_and_errors(rt, rng) -> None:
+    x = rng.standard_normal((3, 2, 2))
+    h0 = rng.standard_normal((2, 2))
+    w_ih = rng.standard_normal((6, 2)) * 0.5
+    w_hh = rng.standard_normal((6, 2)) * 0.5
+    with trio.fail_after(60):
+        assert await gradcheck(lambda *a: recurrent_layer("gru", *a[:2], None, *a[2:])[0], [x, h0, w_ih, w_hh])
+    t = ag.tensor
+    with pytest.raises(ag.OpError, match=r"weight_ih of shape \(6, 2\) does not fit an input of shape \(3, 2, 5\)"):
+        recurrent_layer("gru", t(np.zeros((3, 2, 5))), t(h0), None, t(w_ih), t(w_hh))
+    with pytest.raises(ag.OpError, match="cell state c0"):
+        recurrent_layer("lstm", t(x), t(h0), None, t(np.zeros((8, 2))), t(np.zeros((8, 2))))
+    with pytest.raises(ag.OpError, match=r"expected hx of shape \(2, 2\), got \(2, 3\)"):
+        recurrent_layer("gru", t(x), t(np.zeros((2, 3))), None, t(w_ih), t(w_hh))
+    with pytest.raises(ag.OpError, match="unknown mode"):
+        recurrent_layer("elman", t(x), t(h0), None, t(w_ih), t(w_hh))
+    with pytest.raises(ag.OpError, match="at least one step"):
+        recurrent_layer("gru", t(np.zeros((0, 2, 2))), t(h0), None, t(w_ih), t(w_hh))
+
+
+async def test_double_backward_is_a_clear_error(rt, rng) -> None:
+    x = ag.tensor(rng.standard_normal((3, 2, 2)), requires_grad=True)
+    h0 = ag.tensor(rng.standard_normal((2, 2)))
+    w_ih = ag.tensor(rng.standard_normal((2, 2)), requires_grad=True)
+    w_hh = ag.tensor(rng.standard_normal((2, 2)), requires_grad=True)
+    y, _, _ = recurrent_layer("rnn_tanh", x, h0, None, w_ih, w_hh)
+    with trio.fail_after(30), pytest.raises(RuntimeError, match="double backward"):
+        await ag.grad(y.sum(), [x], create_graph=True)

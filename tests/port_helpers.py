@@ -1,0 +1,72 @@
+"""Helpers for the tests of the ported PyTorch layers: torch comparisons and the one gradcheck import.
+
+``gradcheck`` lives in ``tests/gradcheck.py`` today and is moving to ``asyncgrad.autograd.gradcheck``;
+this module is the one place that knows where to find it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import asyncgrad as ag
+
+try:  # the new home, once it exists
+    from asyncgrad.autograd import gradcheck as _gradcheck  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the branch
+    from gradcheck import gradcheck as _gradcheck
+
+RTOL = 1e-10
+ATOL = 1e-12
+
+
+async def gradcheck(fn: Any, inputs: Any, **kw: Any) -> bool:
+    """Central-difference gradient check in float64 (see ``tests/gradcheck.py``)."""
+    return bool(await _gradcheck(fn, inputs, **kw))
+
+
+def state_from_torch(tmod: Any) -> dict[str, np.ndarray]:
+    """A torch module's state dict as numpy arrays (what ``load_state_dict`` takes)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in tmod.state_dict().items()}
+
+
+def load_from_torch(amod: Any, tmod: Any) -> None:
+    """Load ``tmod``'s state into ``amod`` strictly (the keys and shapes must match exactly)."""
+    sd = state_from_torch(tmod)
+    assert list(amod.state_dict()) == list(sd), (list(amod.state_dict()), list(sd))
+    for k, v in amod.state_dict().items():
+        assert v.shape == sd[k].shape, (k, v.shape, sd[k].shape)
+    amod.load_state_dict(sd, strict=True)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, ag.Tensor):
+        return x.numpy()
+    return x.detach().cpu().numpy()
+
+
+def assert_close(got: Any, want: Any, what: str = "", rtol: float = RTOL, atol: float = ATOL) -> None:
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=rtol, atol=atol, err_msg=what)
+
+
+def assert_grads_match(amod: Any, tmod: Any, rtol: float = RTOL, atol: float = ATOL) -> None:
+    """Every parameter's ``.grad`` of ``amod`` equals ``tmod``'s (both None, or close)."""
+    tp = dict(tmod.named_parameters())
+    ap = dict(amod.named_parameters())
+    assert list(ap) == list(tp)
+    for k, p in tp.items():
+        if p.grad is None:
+            assert ap[k].grad is None, f"{k}: asyncgrad has a grad, torch has none"
+            continue
+        assert ap[k].grad is not None, f"{k}: torch has a grad, asyncgrad has none"
+        assert_close(ap[k].grad, p.grad, f"grad of {k}", rtol, atol)
+
+
+def pair(rng: np.random.Generator, shape: tuple[int, ...], torch: Any, requires_grad: bool = True) -> Any:
+    """The same float64 values as an asyncgrad leaf and a torch leaf."""
+    a = rng.standard_normal(shape)
+    return (
+        ag.tensor(a, dtype=ag.float64, requires_grad=requires_grad),
+        torch.tensor(a, dtype=torch.float64, requires_grad=requires_grad),
+    )
