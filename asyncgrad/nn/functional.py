@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import runtime as _rt
+from ..ops import scaled_dot_product_attention
 from ..runtime import (
     OpError,
     Tensor,
@@ -59,6 +60,7 @@ __all__ = [
     "pad",
     "relu",
     "relu6",
+    "scaled_dot_product_attention",
     "sigmoid",
     "silu",
     "smooth_l1_loss",

@@ -358,6 +358,42 @@ class Tensor:
 
         return alias(self, share)
 
+    # the private fields a copy takes over (a Parameter's mark); not the runtime's bookkeeping (pending
+    # state, version counter, leaf owner, hooks), which belongs to the original
+    _COPY_KEEP = frozenset(("_is_param",))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+        """``copy.deepcopy``: a new leaf with a copy of the value (and of ``.grad``), like PyTorch's.
+
+        Minimal version (a leaf's value, requires_grad, ``.grad`` and marks such as a Parameter's); only
+        leaves can be deep-copied, as in PyTorch.
+        """
+        import copy
+
+        if self._grad_fn is not None:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol; "
+                "deep-copy t.detach() (or t.detach().requires_grad_()) instead"
+            )
+        t = Tensor._wrap(np.array(self._value(), copy=True, order="K"), self._dev)
+        memo[id(self)] = t
+        t._rg = self._rg
+        for k, v in self.__dict__.items():
+            if k in Tensor._COPY_KEEP or not k.startswith("_"):
+                t.__dict__[k] = copy.deepcopy(v, memo)
+        if self._grad is not None:
+            t._grad = copy.deepcopy(self._grad, memo)
+        return t
+
+    def __copy__(self) -> Tensor:
+        """``copy.copy``: a new leaf sharing this one's value (and version counter), keeping requires_grad."""
+        t = self._detached(True)
+        t._rg = self._rg and self._grad_fn is None
+        for k, v in self.__dict__.items():
+            if k in Tensor._COPY_KEEP or not k.startswith("_"):
+                t.__dict__[k] = v
+        return t
+
     def detach_(self) -> Tensor:
         self._grad_fn = None
         self._rg = False
