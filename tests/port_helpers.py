@@ -14,8 +14,10 @@ import asyncgrad as ag
 
 try:  # the new home, once it exists
     from asyncgrad.autograd import gradcheck as _gradcheck  # type: ignore[attr-defined]
+    from asyncgrad.autograd import gradgradcheck as _gradgradcheck  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - depends on the branch
     from gradcheck import gradcheck as _gradcheck
+    from gradcheck import gradgradcheck as _gradgradcheck
 
 RTOL = 1e-10
 ATOL = 1e-12
@@ -24,6 +26,11 @@ ATOL = 1e-12
 async def gradcheck(fn: Any, inputs: Any, **kw: Any) -> bool:
     """Central-difference gradient check in float64 (see ``tests/gradcheck.py``)."""
     return bool(await _gradcheck(fn, inputs, **kw))
+
+
+async def gradgradcheck(fn: Any, inputs: Any, **kw: Any) -> bool:
+    """Second-derivative check in float64 (see ``tests/gradcheck.py``)."""
+    return bool(await _gradgradcheck(fn, inputs, **kw))
 
 
 def state_from_torch(tmod: Any) -> dict[str, np.ndarray]:

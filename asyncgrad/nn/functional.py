@@ -13,7 +13,16 @@ from typing import Any
 import numpy as np
 
 from .. import runtime as _rt
-from ..ops import scaled_dot_product_attention
+from ..ops import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    conv1d,
+    conv_transpose1d,
+    conv_transpose2d,
+    group_norm,
+    interpolate,
+    scaled_dot_product_attention,
+)
 from ..runtime import (
     OpError,
     Tensor,
@@ -34,18 +43,25 @@ from ..runtime import gelu as _gelu_op
 from ..runtime._ops_nn2 import _reduce, _reduction, _weighted
 
 __all__ = [
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
     "avg_pool2d",
     "batch_norm",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
+    "conv1d",
     "conv2d",
+    "conv_transpose1d",
+    "conv_transpose2d",
     "cross_entropy",
     "dropout",
     "elu",
     "embedding",
     "gelu",
+    "group_norm",
     "hardtanh",
     "huber_loss",
+    "interpolate",
     "kl_div",
     "l1_loss",
     "layer_norm",
