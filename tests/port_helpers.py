@@ -77,3 +77,44 @@ def pair(rng: np.random.Generator, shape: tuple[int, ...], torch: Any, requires_
         ag.tensor(a, dtype=ag.float64, requires_grad=requires_grad),
         torch.tensor(a, dtype=torch.float64, requires_grad=requires_grad),
     )
+
+
+class Lib:
+    """The names a model written once needs from its library: ``nn``, ``F``, ``optim``, ``tensor``, ...
+
+    The ported programs' models are written once against these, and built for torch and for asyncgrad:
+    the same source runs on both, which is what porting with the smallest changes means.
+    """
+
+    def __init__(self, which: str) -> None:
+        self.which = which
+        if which == "torch":
+            import torch
+
+            self.nn = torch.nn
+            self.F = torch.nn.functional
+            self.optim = torch.optim
+            self.tensor = torch.tensor
+            self.arange = torch.arange
+            self.zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64)
+            self.clip_grad_norm_ = torch.nn.utils.clip_grad_norm_
+        else:
+            self.nn = ag.nn
+            self.F = ag.nn.functional
+            self.optim = ag.optim
+            self.tensor = ag.tensor
+            self.arange = ag.arange
+            self.zeros = lambda *shape: ag.zeros(shape, dtype=ag.float64)
+            self.clip_grad_norm_ = ag.nn.utils.clip_grad_norm_
+
+    async def backward(self, loss: Any) -> None:
+        if self.which == "torch":
+            loss.backward()
+        else:
+            await loss.backward()
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    """``max_i |a_i - b_i| / |b_i|`` over two loss curves of one length."""
+    assert len(a) == len(b) and a
+    return max(abs(x - y) / max(abs(y), 1e-300) for x, y in zip(a, b))
