@@ -78,7 +78,7 @@ def gpt(L: Lib, vocab: int, block: int, n_embd: int = 16, n_head: int = 2, n_lay
                     nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
         def forward(self, idx, targets):
-            b, t = idx.shape
+            _, t = idx.shape
             pos = L.arange(0, t)
             x = self.transformer.wte(idx) + self.transformer.wpe(pos)
             for blk in self.transformer.h:
@@ -115,6 +115,7 @@ async def test_char_gpt_matches_torch(rt) -> None:
                 opt.step()
                 losses[L.which].append(float(loss.item()))
     diff = max_rel_diff(losses["asyncgrad"], losses["torch"])
-    print(f"\nchar GPT: {steps} steps, loss {losses['torch'][0]:.4f} -> {losses['torch'][-1]:.4f}, max rel diff {diff:.3e}")
+    first, last = losses["torch"][0], losses["torch"][-1]
+    print(f"\nchar GPT: {steps} steps, loss {first:.4f} -> {last:.4f}, max rel diff {diff:.3e}")
     assert losses["torch"][-1] < losses["torch"][0]  # it learns
     assert diff <= 1e-6
