@@ -3,7 +3,8 @@
 The forward kernel computes ``softmax(q @ k^T * scale + mask) @ v`` in one go; the backward kernel
 recomputes the attention weights from ``q``, ``k`` and the mask (one product and a softmax: cheaper in
 memory than keeping ``(..., L, S)`` weights alive between the passes) and gives ``dq``, ``dk``, ``dv`` and the
-float mask's gradient. A row whose keys are all masked gives zeros (PyTorch's safe softmax), not NaN.
+float mask's gradient. Under ``create_graph=True`` the same backward runs as recorded ops, so second
+derivatives work (a gradient penalty through attention). A row whose keys are all masked gives zeros (PyTorch's safe softmax), not NaN.
 Dropout on the weights draws its mask from a seed taken at call time, so the backward regenerates the
 same mask.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import OpError, Tensor, apply, default_generator, defop, where, zeros
+from ..runtime import OpError, Tensor, apply, default_generator, defop, full, matmul, softmax, tensor, where, zeros
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -67,10 +68,7 @@ def _sum_like(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _sdpa_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     if not isinstance(g, np.ndarray):
-        raise RuntimeError(
-            "scaled_dot_product_attention: a double backward (create_graph=True) through the fused attention "
-            "is not supported; compute the first gradient without create_graph, or write the attention with ops"
-        )
+        return _sdpa_rule_recorded(g, args, kw, needs)
     q, k, v, mask = args
     p, pd = _weights(q, k, mask, kw)
     dv = np.matmul(np.swapaxes(pd, -1, -2), g) if needs[2] else None
@@ -89,6 +87,38 @@ def _sdpa_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
         None if dv is None else _sum_like(dv, v.shape),
         dmask,
     )
+
+
+def _sdpa_rule_recorded(g: Tensor, args: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    """The same backward written with recorded ops (``create_graph=True``), so it can be differentiated again."""
+    q, k, v, mask = args
+    scale = kw["scale"]
+    s = matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s + mask
+    ll, ss = s.shape[-2:]
+    neg = full((), -np.inf, dtype=s.dtype, device=s.device)
+    if kw["causal"]:
+        s = where(tensor(np.tril(np.ones((ll, ss), bool)), device=s.device), s, neg)
+    dead = ~np.isfinite(np.max(s.numpy(), axis=-1, keepdims=True))
+    if dead.any():  # rows with every key masked: softmax over zeros there, then zeroed
+        live = tensor(~dead, device=s.device)
+        zero = full((), 0.0, dtype=s.dtype, device=s.device)
+        p = where(live, softmax(where(live, s, zero), -1), zero)
+    else:
+        p = softmax(s, -1)
+    pd = p
+    if kw["p"] > 0:
+        keep = tensor(_keep(tuple(p.shape), kw).astype(p.dtype), device=p.device)
+        pd = p * keep
+    dv = matmul(pd.transpose(-1, -2), g) if needs[2] else None
+    dp = matmul(g, v.transpose(-1, -2))
+    if kw["p"] > 0:
+        dp = dp * keep
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dq = matmul(ds, k) * scale if needs[0] else None
+    dk = matmul(ds.transpose(-1, -2), q) * scale if needs[1] else None
+    return dq, dk, dv, ds if needs[3] else None
 
 
 def _sdpa_meta(q: Any, k: Any, v: Any, mask: Any, **kw: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:

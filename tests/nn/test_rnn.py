@@ -215,3 +215,34 @@ async def test_one_op_per_layer_direction(rt, rng) -> None:
         stack.extend(fn for fn, _ in node.next_functions if fn is not None and hasattr(fn, "next_functions"))
     assert rec == 4
     assert len(seen) < 40  # a handful of views and cats, not hundreds of per-step ops
+
+
+@pytest.mark.parametrize("limit", [-1, 10**9])
+async def test_lanes_and_inline_give_the_same_values(rt, rng, monkeypatch, limit) -> None:
+    """Every kernel queued on the lanes (pending inputs, views of a pending packed buffer) or every kernel
+    inline: the same outputs and gradients as torch."""
+    from conftest import set_inline_limit
+
+    set_inline_limit(monkeypatch, limit)
+    with trio.fail_after(60):
+        am, tm = _pair_modules("lstm", 3, 4, 2, bidirectional=True, batch_first=True)
+        ax, tx = pair(rng, (2, 7, 3), torch)
+        ay, (ah, ac) = am(ax * 1.5)  # a pending input when queued
+        ty, (th, tc) = tm(tx * 1.5)
+        await ((ay * ay).sum() + ah.sum() + (ac * ac).sum()).backward()
+        ((ty * ty).sum() + th.sum() + (tc * tc).sum()).backward()
+        assert_close(ay, ty)
+        assert_close(ax.grad, tx.grad)
+        assert_grads_match(am, tm)
+
+
+async def test_float32_default_dtype(rt, rng) -> None:
+    with trio.fail_after(30):
+        tm = torch.nn.GRU(3, 4, 2)
+        am = nn.GRU(3, 4, 2)
+        load_from_torch(am, tm)
+        x = rng.standard_normal((5, 2, 3)).astype(np.float32)
+        ay, ah = am(ag.tensor(x))
+        ty, th = tm(torch.tensor(x))
+        assert ay.dtype == np.float32 and ah.dtype == np.float32
+        assert_close(ay, ty, rtol=1e-5, atol=1e-6)
