@@ -4,9 +4,9 @@ The forward kernel computes ``softmax(q @ k^T * scale + mask) @ v`` in one go; t
 recomputes the attention weights from ``q``, ``k`` and the mask (one product and a softmax: cheaper in
 memory than keeping ``(..., L, S)`` weights alive between the passes) and gives ``dq``, ``dk``, ``dv`` and the
 float mask's gradient. Under ``create_graph=True`` the same backward runs as recorded ops, so second
-derivatives work (a gradient penalty through attention). A row whose keys are all masked gives zeros (PyTorch's safe softmax), not NaN.
-Dropout on the weights draws its mask from a seed taken at call time, so the backward regenerates the
-same mask.
+derivatives work (a gradient penalty through attention). A row whose keys are all masked gives zeros
+(PyTorch's safe softmax), not NaN. Dropout on the weights draws its mask from a seed taken at call time,
+so the backward regenerates the same mask.
 """
 
 from __future__ import annotations

@@ -246,3 +246,4 @@ async def test_float32_default_dtype(rt, rng) -> None:
         ty, th = tm(torch.tensor(x))
         assert ay.dtype == np.float32 and ah.dtype == np.float32
         assert_close(ay, ty, rtol=1e-5, atol=1e-6)
+        assert_close(ah, th, rtol=1e-5, atol=1e-6)
