@@ -67,8 +67,12 @@ class RNNBase(Module):
                 f"{cls}: dropout should be a number in range [0, 1] representing the probability of an "
                 f"element being zeroed, got {dropout!r}"
             )
-        if proj_size:
-            raise NotImplementedError(f"{cls}: proj_size is not supported yet (use proj_size=0)")
+        if isinstance(proj_size, bool) or not isinstance(proj_size, numbers.Integral) or proj_size < 0:
+            raise ValueError(f"{cls}: proj_size should be a positive integer or zero to disable projections")
+        if proj_size >= hidden_size:
+            raise ValueError(f"{cls}: proj_size has to be smaller than hidden_size (got {proj_size} >= {hidden_size})")
+        if proj_size and mode != "lstm":
+            raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
         if dropout > 0 and num_layers == 1:
             warnings.warn(
                 "dropout option adds dropout after all but last recurrent layer, so non-zero dropout expects "
@@ -83,19 +87,23 @@ class RNNBase(Module):
         self.batch_first = bool(batch_first)
         self.dropout = float(dropout)
         self.bidirectional = bool(bidirectional)
-        self.proj_size = 0
+        self.proj_size = int(proj_size)
         gates = RECURRENT_MODES[mode]
         d = 2 if bidirectional else 1
+        out = self.proj_size or self.hidden_size  # the state size
         self._flat_weights_names: list[str] = []
         for layer in range(self.num_layers):
-            n_in = self.input_size if layer == 0 else self.hidden_size * d
+            n_in = self.input_size if layer == 0 else out * d
             for direction in range(d):
                 sfx = f"_l{layer}" + ("_reverse" if direction else "")
                 names = [f"weight_ih{sfx}", f"weight_hh{sfx}"]
-                shapes: list[tuple[int, ...]] = [(gates * hidden_size, n_in), (gates * hidden_size, hidden_size)]
+                shapes: list[tuple[int, ...]] = [(gates * hidden_size, n_in), (gates * hidden_size, out)]
                 if bias:
                     names += [f"bias_ih{sfx}", f"bias_hh{sfx}"]
                     shapes += [(gates * hidden_size,), (gates * hidden_size,)]
+                if self.proj_size:
+                    names.append(f"weight_hr{sfx}")
+                    shapes.append((self.proj_size, hidden_size))
                 for name, shape in zip(names, shapes):
                     setattr(self, name, _param(shape, dtype, device))
                 self._flat_weights_names.extend(names)
@@ -110,20 +118,22 @@ class RNNBase(Module):
     @property
     def all_weights(self) -> list[list[Tensor]]:
         """Per layer and direction, its ``[weight_ih, weight_hh, bias_ih, bias_hh]`` (PyTorch's ``all_weights``)."""
-        per = 4 if self.bias else 2
+        per = (4 if self.bias else 2) + (1 if self.proj_size else 0)
         names = self._flat_weights_names
         return [[getattr(self, n) for n in names[i : i + per]] for i in range(0, len(names), per)]
 
-    def _layer_weights(self, layer: int, direction: int) -> tuple[Any, Any, Any, Any]:
+    def _layer_weights(self, layer: int, direction: int) -> tuple[Any, Any, Any, Any, Any]:
         sfx = f"_l{layer}" + ("_reverse" if direction else "")
+        w_hr = getattr(self, f"weight_hr{sfx}") if self.proj_size else None
         if self.bias:
             return (
                 getattr(self, f"weight_ih{sfx}"),
                 getattr(self, f"weight_hh{sfx}"),
                 getattr(self, f"bias_ih{sfx}"),
                 getattr(self, f"bias_hh{sfx}"),
+                w_hr,
             )
-        return getattr(self, f"weight_ih{sfx}"), getattr(self, f"weight_hh{sfx}"), None, None
+        return getattr(self, f"weight_ih{sfx}"), getattr(self, f"weight_hh{sfx}"), None, None, w_hr
 
     def _check_state(self, name: str, t: Any, shape: tuple[int, ...]) -> None:
         if not isinstance(t, Tensor):
@@ -157,17 +167,20 @@ class RNNBase(Module):
         elif self.batch_first:
             input = input.transpose(0, 1)
         n = input.shape[1]
-        shape = (self.num_layers * d, n, self.hidden_size) if batched else (self.num_layers * d, self.hidden_size)
+        hs = self.proj_size or self.hidden_size
+        shape = (self.num_layers * d, n, hs) if batched else (self.num_layers * d, hs)
+        cshape = (self.num_layers * d, n, self.hidden_size) if batched else (self.num_layers * d, self.hidden_size)
         if hx is None:
-            h0 = _rt.zeros((self.num_layers * d, n, self.hidden_size), dtype=input.dtype, device=input.device)
-            c0 = h0 if lstm else None
+            h0 = _rt.zeros((self.num_layers * d, n, hs), dtype=input.dtype, device=input.device)
+            c0 = _rt.zeros((self.num_layers * d, n, self.hidden_size), dtype=input.dtype, device=input.device)
+            c0 = c0 if lstm else None
         else:
             if lstm:
                 if not isinstance(hx, (tuple, list)) or len(hx) != 2:
                     raise TypeError(f"{cls}: hx must be a tuple (h_0, c_0) of tensors, got {type(hx).__name__}")
                 h0, c0 = hx
                 self._check_state("h_0", h0, shape)
-                self._check_state("c_0", c0, shape)
+                self._check_state("c_0", c0, cshape)
             else:
                 if isinstance(hx, (tuple, list)):
                     raise TypeError(f"{cls}: hx must be a Tensor, got a {type(hx).__name__}")
@@ -183,13 +196,18 @@ class RNNBase(Module):
             outs = []
             for direction in range(d):
                 k = layer * d + direction
+                w_ih, w_hh, b_ih, b_hh, w_hr = self._layer_weights(layer, direction)
                 y, hk, ck = recurrent_layer(
                     self.mode,
                     layer_in,
                     h0[k],
                     c0[k] if c0 is not None else None,
-                    *self._layer_weights(layer, direction),
+                    w_ih,
+                    w_hh,
+                    b_ih,
+                    b_hh,
                     reverse=bool(direction),
+                    weight_hr=w_hr,
                 )
                 outs.append(y)
                 h_n.append(hk)
@@ -225,6 +243,8 @@ class RNNBase(Module):
             s += f", dropout={self.dropout}"
         if self.bidirectional:
             s += ", bidirectional=True"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
         return s
 
 
@@ -260,7 +280,8 @@ class RNN(RNNBase):
 class LSTM(RNNBase):
     """Long short-term memory, PyTorch's ``nn.LSTM`` (gates i, f, g, o); returns ``(output, (h_n, c_n))``.
 
-    Args: as `RNN` without ``nonlinearity`` (``proj_size`` must be 0).
+    Args: as `RNN` without ``nonlinearity``, plus ``proj_size`` (default 0): project each hidden state to
+    this size, ``h_t = W_hr (o_t * tanh(c_t))`` with ``weight_hr_l{k}`` of shape ``(proj_size, hidden_size)``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

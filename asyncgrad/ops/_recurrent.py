@@ -34,7 +34,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _ws_size(mode: str, t: int, b: int, h: int) -> int:
-    """Elements after ``y`` in the packed buffer: LSTM gates (4H) and cells (H), GRU r z n and W_hn h + b_hn."""
+    """Elements after ``y`` in the packed buffer (``h``: the cell size, the gates' hidden size): LSTM gates
+    (4H) and cells (H), GRU r z n and W_hn h + b_hn."""
     if mode == "lstm":
         return t * b * 5 * h
     if mode == "gru":
@@ -57,15 +58,18 @@ def _recurrent_kernel(
     w_hh: np.ndarray,
     b_ih: np.ndarray | None,
     b_hh: np.ndarray | None,
+    w_hr: np.ndarray | None,
     mode: str,
     reverse: bool,
 ) -> np.ndarray:
     t_len, b, _ = x.shape
-    h = h0.shape[1]
+    hs = h0.shape[1]  # the state size: hidden_size, or proj_size for a projected LSTM
+    h = w_ih.shape[0] // RECURRENT_MODES[mode]  # hidden_size (the gates', the cells')
     dt = x.dtype
-    n_y = t_len * b * h
+    n_y = t_len * b * hs
+    n_c = t_len * b * h
     buf = np.empty(n_y + _ws_size(mode, t_len, b, h), dt)
-    y = buf[:n_y].reshape(t_len, b, h)
+    y = buf[:n_y].reshape(t_len, b, hs)
     # every step's input projection in one GEMM
     xw = (x.reshape(t_len * b, -1) @ w_ih.T).reshape(t_len, b, -1)
     if b_ih is not None:
@@ -75,8 +79,8 @@ def _recurrent_kernel(
     if mode == "lstm":
         if b_hh is not None:
             xw += b_hh
-        gates = buf[n_y : n_y + 4 * n_y].reshape(t_len, b, 4 * h)
-        cells = buf[n_y + 4 * n_y :].reshape(t_len, b, h)
+        gates = buf[n_y : n_y + 4 * n_c].reshape(t_len, b, 4 * h)
+        cells = buf[n_y + 4 * n_c :].reshape(t_len, b, h)
         cp: Any = c0
         for s in _order(t_len, reverse):
             pre = xw[s] + hp @ w_hh_t
@@ -88,7 +92,10 @@ def _recurrent_kernel(
             c = cells[s]
             np.multiply(f, cp, out=c)
             c += i * g
-            np.multiply(o, np.tanh(c), out=y[s])
+            if w_hr is None:
+                np.multiply(o, np.tanh(c), out=y[s])
+            else:  # the projection: h = W_hr (o * tanh(c))
+                np.matmul(o * np.tanh(c), w_hr.T, out=y[s])
             hp, cp = y[s], c
     elif mode == "gru":
         ws = buf[n_y:].reshape(t_len, b, 4 * h)  # r, z, n, W_hn h + b_hn
@@ -138,22 +145,25 @@ def _prev_hidden(y: np.ndarray, h0: np.ndarray, reverse: bool) -> np.ndarray:
 def _recurrent_grads(
     g: np.ndarray, args: list[Any], out: np.ndarray, kw: dict[str, Any], needs: Any
 ) -> tuple[Any, ...]:
-    x, h0, c0, w_ih, w_hh, b_ih, b_hh = args
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = args
     mode, reverse = kw["mode"], kw["reverse"]
     t_len, b, n_in = x.shape
-    h = h0.shape[1]
-    n_y = t_len * b * h
-    y = out[:n_y].reshape(t_len, b, h)
-    dy = g[:n_y].reshape(t_len, b, h)
-    dh = np.zeros((b, h), g.dtype)
+    hs = h0.shape[1]
+    h = w_ih.shape[0] // RECURRENT_MODES[mode]
+    n_y = t_len * b * hs
+    n_c = t_len * b * h
+    y = out[:n_y].reshape(t_len, b, hs)
+    dy = g[:n_y].reshape(t_len, b, hs)
+    dh = np.zeros((b, hs), g.dtype)
     steps = list(reversed(_order(t_len, reverse)))
-    dc0 = None
+    dc0 = dw_hr = None
     if mode == "lstm":
-        gates = out[n_y : 5 * n_y].reshape(t_len, b, 4 * h)
-        cells = out[5 * n_y :].reshape(t_len, b, h)
-        dcells = g[5 * n_y :].reshape(t_len, b, h)  # c_n's gradient (and any other step's)
+        gates = out[n_y : n_y + 4 * n_c].reshape(t_len, b, 4 * h)
+        cells = out[n_y + 4 * n_c :].reshape(t_len, b, h)
+        dcells = g[n_y + 4 * n_c :].reshape(t_len, b, h)  # c_n's gradient (and any other step's)
         dgi = np.empty((t_len, b, 4 * h), g.dtype)
         dc = np.zeros((b, h), g.dtype)
+        dhs = np.empty((t_len, b, hs), g.dtype) if w_hr is not None else None
         for k, s in enumerate(steps):
             gs = gates[s]
             i, f, gg, o = gs[:, :h], gs[:, h : 2 * h], gs[:, 2 * h : 3 * h], gs[:, 3 * h :]
@@ -162,6 +172,9 @@ def _recurrent_grads(
             else:
                 cp = c0
             dht = dy[s] + dh
+            if dhs is not None:  # through the projection: the gradient of o * tanh(c)
+                dhs[s] = dht
+                dht = dht @ w_hr
             tc = np.tanh(cells[s])
             dct = dc + dcells[s] + dht * o * (1.0 - tc * tc)
             d = dgi[s]
@@ -173,6 +186,9 @@ def _recurrent_grads(
             dh = d @ w_hh
         dc0 = dc
         dgh = dgi
+        if dhs is not None and needs[7]:
+            m = gates[:, :, 3 * h :] * np.tanh(cells)  # o * tanh(c) at every step
+            dw_hr = dhs.reshape(t_len * b, hs).T @ m.reshape(t_len * b, h)
     elif mode == "gru":
         ws = out[n_y:].reshape(t_len, b, 4 * h)
         dgi = np.empty((t_len, b, 3 * h), g.dtype)
@@ -205,10 +221,10 @@ def _recurrent_grads(
     dgh2 = dgh.reshape(t_len * b, -1)
     dx = (dgi2 @ w_ih).reshape(x.shape) if needs[0] else None
     dw_ih = dgi2.T @ x.reshape(t_len * b, n_in) if needs[3] else None
-    dw_hh = dgh2.T @ _prev_hidden(y, h0, reverse).reshape(t_len * b, h) if needs[4] else None
+    dw_hh = dgh2.T @ _prev_hidden(y, h0, reverse).reshape(t_len * b, hs) if needs[4] else None
     db_ih = dgi2.sum(0) if b_ih is not None and needs[5] else None
     db_hh = dgh2.sum(0) if b_hh is not None and needs[6] else None
-    return (dx, dh, dc0 if c0 is not None else None, dw_ih, dw_hh, db_ih, db_hh)
+    return (dx, dh, dc0 if c0 is not None else None, dw_ih, dw_hh, db_ih, db_hh, dw_hr)
 
 
 def _recurrent_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
@@ -221,7 +237,7 @@ def _recurrent_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -
 
 
 def _recurrent_meta(
-    x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, mode: str, reverse: bool
+    x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, w_hr: Any, mode: str, reverse: bool
 ) -> tuple[tuple[int, ...], np.dtype[Any]]:
     if mode not in RECURRENT_MODES:
         raise OpError(f"recurrent_layer: unknown mode {mode!r}; expected one of {sorted(RECURRENT_MODES)}")
@@ -235,9 +251,17 @@ def _recurrent_meta(
             f"expected ({gates} * hidden_size, {n_in})"
         )
     h = w_ih.shape[0] // gates
+    if w_hr is not None and mode != "lstm":
+        raise OpError(f"{mode}: only an LSTM has a projection (weight_hr)")
+    if w_hr is not None and (w_hr.ndim != 2 or w_hr.shape[1] != h or not 0 < w_hr.shape[0] < h):
+        raise OpError(
+            f"lstm: expected weight_hr of shape (proj_size, {h}) with 0 < proj_size < hidden_size, got "
+            f"{tuple(w_hr.shape)}"
+        )
+    hs = h if w_hr is None else w_hr.shape[0]  # the state size
     want = {
-        "hx": (h0, (b, h)),
-        "weight_hh": (w_hh, (gates * h, h)),
+        "hx": (h0, (b, hs)),
+        "weight_hh": (w_hh, (gates * h, hs)),
         "bias_ih": (b_ih, (gates * h,)),
         "bias_hh": (b_hh, (gates * h,)),
         "cx": (c0, (b, h)),
@@ -249,14 +273,13 @@ def _recurrent_meta(
     for name, (t, shape) in want.items():
         if t is not None and tuple(t.shape) != shape:
             raise OpError(f"{mode}: expected {name} of shape {shape}, got {tuple(t.shape)}")
-    dts = {str(t.dtype) for t in (x, h0, c0, w_ih, w_hh, b_ih, b_hh) if t is not None}
+    dts = {str(t.dtype) for t in (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr) if t is not None}
     if len(dts) != 1 or x.dtype.kind != "f":
         raise OpError(
             f"{mode}: expected input, states and weights of one floating point dtype, got {sorted(dts)}; "
             "convert them with .to(dtype) (or the module with .double() / .float())"
         )
-    n_y = t_len * b * h
-    return (n_y + _ws_size(mode, t_len, b, h),), x.dtype
+    return (t_len * b * hs + _ws_size(mode, t_len, b, h),), x.dtype
 
 
 OP_RECURRENT = defop("recurrent_layer", _recurrent_kernel, _recurrent_meta, _recurrent_rule, save_out=True)
@@ -272,37 +295,40 @@ def recurrent_layer(
     bias_ih: Tensor | None = None,
     bias_hh: Tensor | None = None,
     reverse: bool = False,
+    weight_hr: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run one layer and direction of an RNN, LSTM or GRU over a whole sequence, as one op.
 
     Args:
         mode: ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"`` or ``"gru"``.
         input: ``(seq_len, batch, input_size)``.
-        hx: Initial hidden state ``(batch, hidden_size)``.
+        hx: Initial hidden state ``(batch, hidden_size)`` (``(batch, proj_size)`` with a projection).
         cx: Initial cell state ``(batch, hidden_size)`` for an LSTM, else None.
         weight_ih: ``(gates * hidden_size, input_size)``, PyTorch's gate order.
-        weight_hh: ``(gates * hidden_size, hidden_size)``.
+        weight_hh: ``(gates * hidden_size, hidden_size)`` (``(4 * hidden_size, proj_size)`` with a projection).
         bias_ih: ``(gates * hidden_size,)`` or None.
         bias_hh: ``(gates * hidden_size,)`` or None.
         reverse: Walk the sequence from its last step to its first (the backward direction of a
             bidirectional layer); ``output[t]`` is still the state at step ``t``.
+        weight_hr: An LSTM's projection ``(proj_size, hidden_size)``: ``h = W_hr (o * tanh(c))``, or None.
 
     Returns:
-        ``(output, h_n, c_n)``: output ``(seq_len, batch, hidden_size)``, the final states
-        ``(batch, hidden_size)``; ``c_n`` is None except for an LSTM.
+        ``(output, h_n, c_n)``: output ``(seq_len, batch, H_out)``, the final states ``(batch, H_out)``
+        (``H_out``: proj_size or hidden_size) and ``(batch, hidden_size)``; ``c_n`` is None except for an LSTM.
     """
     if input.ndim == 3 and input.shape[0] == 0:
         raise OpError(f"{mode}: expected a sequence of at least one step, got input of shape {input.shape}")
-    args = (input, hx, cx, weight_ih, weight_hh, bias_ih, bias_hh)
+    args = (input, hx, cx, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr)
     packed = apply(OP_RECURRENT, args, {"mode": mode, "reverse": bool(reverse)})
     t_len, b = input.shape[0], input.shape[1]
-    h = hx.shape[1]
-    n_y = t_len * b * h
-    y = packed[:n_y].reshape(t_len, b, h)
+    hs = hx.shape[1]
+    n_y = t_len * b * hs
+    y = packed[:n_y].reshape(t_len, b, hs)
     last = 0 if reverse else t_len - 1
     h_n = y[last]
     c_n = None
     if mode == "lstm":
-        start = 5 * n_y + last * b * h
+        h = weight_ih.shape[0] // 4
+        start = n_y + 4 * t_len * b * h + last * b * h
         c_n = packed[start : start + b * h].reshape(b, h)
     return y, h_n, c_n

@@ -247,3 +247,32 @@ async def test_float32_default_dtype(rt, rng) -> None:
         assert ay.dtype == np.float32 and ah.dtype == np.float32
         assert_close(ay, ty, rtol=1e-5, atol=1e-6)
         assert_close(ah, th, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bidir,batch_first,with_h0", [(False, False, True), (True, True, False)])
+async def test_lstm_with_projection_matches_torch(rt, rng, bidir, batch_first, with_h0) -> None:
+    with trio.fail_after(60):
+        am, tm = _pair_modules("lstm", 3, 5, 2, bidirectional=bidir, batch_first=batch_first, proj_size=2)
+        assert "weight_hr_l1" in am.state_dict() and am.state_dict()["weight_hh_l0"].shape == (20, 2)
+        d = 2 if bidir else 1
+        ax, tx = pair(rng, (4, 6, 3) if batch_first else (6, 4, 3), torch)
+        ahx = thx = None
+        if with_h0:
+            ah, th = pair(rng, (2 * d, 4, 2), torch)
+            ac, tc = pair(rng, (2 * d, 4, 5), torch)
+            ahx, thx = (ah, ac), (th, tc)
+        ay, (ahn, acn) = am(ax, ahx)
+        ty, (thn, tcn) = tm(tx, thx)
+        assert ay.shape == tuple(ty.shape) and ahn.shape == tuple(thn.shape) and acn.shape == tuple(tcn.shape)
+        assert_close(ay, ty)
+        assert_close(ahn, thn)
+        assert_close(acn, tcn)
+        await ((ay * ay).sum() + ahn.sum() + (acn * acn).sum()).backward()
+        ((ty * ty).sum() + thn.sum() + (tcn * tcn).sum()).backward()
+        assert_close(ax.grad, tx.grad)
+        if with_h0:
+            assert_close(ahx[0].grad, thx[0].grad)
+            assert_close(ahx[1].grad, thx[1].grad)
+        assert_grads_match(am, tm)
+    with pytest.raises(ValueError, match="proj_size has to be smaller than hidden_size"):
+        nn.LSTM(3, 4, proj_size=4)

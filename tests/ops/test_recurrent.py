@@ -41,6 +41,28 @@ async def test_recurrent_layer_gradcheck(rt, rng, mode, reverse) -> None:
         assert await gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+async def test_projected_lstm_gradcheck(rt, rng, reverse) -> None:
+    t_len, b, i, h, p = 3, 2, 2, 3, 2
+    inputs = [
+        rng.standard_normal((t_len, b, i)),
+        rng.standard_normal((b, p)) * 0.5,
+        rng.standard_normal((b, h)) * 0.5,
+        rng.standard_normal((4 * h, i)) * 0.5,
+        rng.standard_normal((4 * h, p)) * 0.5,
+        rng.standard_normal(4 * h) * 0.3,
+        rng.standard_normal(4 * h) * 0.3,
+        rng.standard_normal((p, h)) * 0.5,
+    ]
+
+    def fn(x, h0, c0, wi, wh, bi, bh, wr):
+        y, hn, cn = recurrent_layer("lstm", x, h0, c0, wi, wh, bi, bh, reverse=reverse, weight_hr=wr)
+        return ag.cat([y.reshape(-1), hn.reshape(-1) * 2.0, cn.reshape(-1) * 3.0], 0)
+
+    with trio.fail_after(60):
+        assert await gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
+
+
 async def test_recurrent_layer_without_bias_and_errors(rt, rng) -> None:
     x = rng.standard_normal((3, 2, 2))
     h0 = rng.standard_normal((2, 2))
