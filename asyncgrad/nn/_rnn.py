@@ -43,6 +43,16 @@ def _check_sizes(cls: str, **sizes: Any) -> None:
 class RNNBase(Module):
     """The multi-layer, optionally bidirectional recurrence behind `RNN`, `LSTM` and `GRU`."""
 
+    mode: str
+    input_size: int
+    hidden_size: int
+    num_layers: int
+    bias: bool
+    batch_first: bool
+    dropout: float
+    bidirectional: bool
+    proj_size: int
+
     def __init__(
         self,
         mode: str,
@@ -172,8 +182,9 @@ class RNNBase(Module):
         cshape = (self.num_layers * d, n, self.hidden_size) if batched else (self.num_layers * d, self.hidden_size)
         if hx is None:
             h0 = _rt.zeros((self.num_layers * d, n, hs), dtype=input.dtype, device=input.device)
-            c0 = _rt.zeros((self.num_layers * d, n, self.hidden_size), dtype=input.dtype, device=input.device)
-            c0 = c0 if lstm else None
+            c0: Tensor | None = None
+            if lstm:
+                c0 = _rt.zeros((self.num_layers * d, n, self.hidden_size), dtype=input.dtype, device=input.device)
         else:
             if lstm:
                 if not isinstance(hx, (tuple, list)) or len(hx) != 2:
