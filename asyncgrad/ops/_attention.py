@@ -16,7 +16,21 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import OpError, Tensor, apply, default_generator, defop, full, matmul, softmax, tensor, where, zeros
+from ..runtime import (
+    OpError,
+    Tensor,
+    amax,
+    apply,
+    default_generator,
+    defop,
+    exp,
+    full,
+    isfinite,
+    matmul,
+    tensor,
+    where,
+    zeros,
+)
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -100,13 +114,13 @@ def _sdpa_rule_recorded(g: Tensor, args: Any, kw: Any, needs: Any) -> tuple[Any,
     neg = full((), -np.inf, dtype=s.dtype, device=s.device)
     if kw["causal"]:
         s = where(tensor(np.tril(np.ones((ll, ss), bool)), device=s.device), s, neg)
-    dead = ~np.isfinite(np.max(s.numpy(), axis=-1, keepdims=True))
-    if dead.any():  # rows with every key masked: softmax over zeros there, then zeroed
-        live = tensor(~dead, device=s.device)
-        zero = full((), 0.0, dtype=s.dtype, device=s.device)
-        p = where(live, softmax(where(live, s, zero), -1), zero)
-    else:
-        p = softmax(s, -1)
+    # a safe softmax without reading values (no wait on the loop): the shift is a constant (detached), and a
+    # row whose keys are all masked sums to 0, so it is divided by 1 and stays zeros
+    m = amax(s, -1, True).detach()
+    zero = full((), 0.0, dtype=s.dtype, device=s.device)
+    e = exp(s - where(isfinite(m), m, zero))
+    tot = e.sum(-1, keepdim=True)
+    p = e / where(tot == 0, zero + 1.0, tot)
     pd = p
     if kw["p"] > 0:
         keep = tensor(_keep(tuple(p.shape), kw).astype(p.dtype), device=p.device)

@@ -199,3 +199,34 @@ async def test_parameter_shapes_and_init(rt) -> None:
     ct = nn.ConvTranspose2d(4, 6, 3, groups=2)
     bound = 1 / np.sqrt(3 * 3 * 3)  # fan_in = weight.shape[1] * kH * kW, as torch computes it
     assert np.all(np.abs(ct.bias.numpy()) <= bound)
+
+
+async def test_on_lanes(rt, rng, monkeypatch) -> None:
+    """Every kernel queued on the lanes: a small decoder (ConvTranspose2d, GroupNorm, Upsample, adaptive
+    pooling, Conv1d over the rows) matches torch in values and every gradient."""
+    from conftest import set_inline_limit
+
+    set_inline_limit(monkeypatch, -1)
+
+    def build(nn_, **kw):
+        class Net(nn_.Module):
+            def __init__(self):
+                super().__init__()
+                self.up = nn_.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, **kw)
+                self.gn = nn_.GroupNorm(3, 6, **kw)
+                self.rs = nn_.Upsample(scale_factor=1.5, mode="bilinear")
+                self.pool = nn_.AdaptiveAvgPool2d((3, 5))
+                self.c1 = nn_.Conv1d(6, 2, 3, padding=1, **kw)
+
+            def forward(self, x):
+                y = self.pool(self.rs(self.gn(self.up(x))))
+                return self.c1(y.reshape(y.shape[0], 6, 15))
+
+        return Net()
+
+    with trio.fail_after(60):
+        tm = build(torch.nn).double()
+        am = build(nn, dtype=ag.float64)
+        load_from_torch(am, tm)
+        ax, tx = pair(rng, (2, 4, 5, 5), torch)
+        await _check(am, tm, ax, tx, rng)

@@ -273,3 +273,26 @@ async def test_encoder_stack_deep_copies_its_layer(rt, rng) -> None:
     assert np.shares_memory(copy.copy(p).numpy(), p.numpy())
     with pytest.raises(RuntimeError, match="graph leaves"):
         copy.deepcopy(p * 2)
+
+
+async def test_on_lanes_with_create_graph(rt, rng, monkeypatch) -> None:
+    """Every kernel queued on the lanes: an encoder layer matches torch, and a gradient penalty through
+    attention (create_graph=True, then backward of the gradient's norm) matches torch's too."""
+    from conftest import set_inline_limit
+
+    set_inline_limit(monkeypatch, -1)
+    with trio.fail_after(60):
+        am, tm = _modules("TransformerEncoderLayer", 8, 2, 16, dropout=0.0, batch_first=True)
+        ax, tx = pair(rng, (2, 5, 8), torch)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.MATH):  # torch's flash kernel on CPU has no double backward
+            ay, ty = am(ax), tm(tx)
+        assert_close(ay, ty)
+        (ag_g,) = await ag.grad((ay * ay).sum(), [ax], create_graph=True)
+        (t_g,) = torch.autograd.grad((ty * ty).sum(), [tx], create_graph=True)
+        assert_close(ag_g, t_g, "first gradient")
+        await (ag_g * ag_g).sum().backward()
+        (t_g * t_g).sum().backward()
+        assert_close(ax.grad, tx.grad, "gradient of the gradient penalty", rtol=1e-9)
+        assert_grads_match(am, tm, rtol=1e-9)
