@@ -24,6 +24,7 @@ from ..runtime import Tensor, get_default_dtype
 from . import functional as F
 from . import init
 from ._module import Module, Parameter
+from .utils.rnn import PackedSequence, _pack_index, _padded_sorted
 
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNBase", "RNNCell", "RNNCellBase"]
 
@@ -155,13 +156,17 @@ class RNNBase(Module):
         """Run the sequence: returns ``(output, h_n)`` (LSTM: ``(output, (h_n, c_n))``).
 
         Args:
-            input: ``(L, N, H_in)``, ``(N, L, H_in)`` with ``batch_first``, or unbatched ``(L, H_in)``.
+            input: ``(L, N, H_in)``, ``(N, L, H_in)`` with ``batch_first``, unbatched ``(L, H_in)``, or a
+                `asyncgrad.nn.utils.rnn.PackedSequence` (then ``output`` is one too, and ``h_n`` holds each
+                sequence's states after its own last step).
             hx: Initial state(s) ``(D * num_layers, N, H_out)`` (unbatched: without N); zeros when None.
                 For an LSTM, a tuple ``(h_0, c_0)``.
         """
         cls = type(self).__name__
+        if isinstance(input, PackedSequence):
+            return self._forward_packed(input, hx)
         if not isinstance(input, Tensor):
-            raise TypeError(f"{cls}: input must be a Tensor, got {type(input).__name__}")
+            raise TypeError(f"{cls}: input must be a Tensor or a PackedSequence, got {type(input).__name__}")
         if input.ndim not in (2, 3):
             raise ValueError(f"{cls}: Expected input to be 2D or 3D, got {input.ndim}D tensor of shape {input.shape}")
         if input.shape[-1] != self.input_size:
@@ -200,6 +205,71 @@ class RNNBase(Module):
             if not batched:
                 h0 = h0.unsqueeze(1)
                 c0 = c0.unsqueeze(1) if c0 is not None else None
+        output, hn, cn = self._run(input, h0, c0, None)
+        if not batched:
+            output = output.squeeze(1)
+            hn = hn.squeeze(1)
+            cn = cn.squeeze(1) if cn is not None else None
+        elif self.batch_first:
+            output = output.transpose(0, 1)
+        if lstm:
+            return output, (hn, cn)
+        return output, hn
+
+    def _forward_packed(self, seq: PackedSequence, hx: Any) -> tuple[PackedSequence, Any]:
+        """A `PackedSequence` in, one out: the padded batch runs with each sequence's length."""
+        cls = type(self).__name__
+        data = seq.data
+        if data.ndim != 2 or data.shape[1] != self.input_size:
+            raise ValueError(
+                f"{cls}: input.size(-1) must be equal to input_size. Expected {self.input_size}, got packed data of "
+                f"shape {data.shape}"
+            )
+        padded, lens = _padded_sorted(seq, 0.0, None)
+        t_len, n = padded.shape[0], padded.shape[1]
+        d = 2 if self.bidirectional else 1
+        hs = self.proj_size or self.hidden_size
+        lstm = self.mode == "lstm"
+        if hx is None:
+            h0 = _rt.zeros((self.num_layers * d, n, hs), dtype=data.dtype, device=data.device)
+            c0: Tensor | None = None
+            if lstm:
+                c0 = _rt.zeros((self.num_layers * d, n, self.hidden_size), dtype=data.dtype, device=data.device)
+        else:
+            if lstm:
+                if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                    raise TypeError(f"{cls}: hx must be a tuple (h_0, c_0) of tensors, got {type(hx).__name__}")
+                h0, c0 = hx
+                self._check_state("c_0", c0, (self.num_layers * d, n, self.hidden_size))
+            else:
+                h0, c0 = hx, None
+            self._check_state("h_0" if lstm else "hx", h0, (self.num_layers * d, n, hs))
+            if seq.sorted_indices is not None:  # the states are given in the original batch order
+                order = seq.sorted_indices.numpy()
+                h0 = _rt.index_select(h0, 1, order)
+                c0 = _rt.index_select(c0, 1, order) if c0 is not None else None
+        out, hn, cn = self._run(padded, h0, c0, tuple(int(v) for v in lens))
+        flat = out.reshape(t_len * n, out.shape[2])
+        packed = PackedSequence(
+            _rt.index_select(flat, 0, _pack_index(seq.batch_sizes.numpy(), n)),
+            seq.batch_sizes,
+            seq.sorted_indices,
+            seq.unsorted_indices,
+        )
+        if seq.unsorted_indices is not None:
+            un = seq.unsorted_indices.numpy()
+            hn = _rt.index_select(hn, 1, un)
+            cn = _rt.index_select(cn, 1, un) if cn is not None else None
+        if lstm:
+            return packed, (hn, cn)
+        return packed, hn
+
+    def _run(
+        self, input: Tensor, h0: Tensor, c0: Tensor | None, lengths: tuple[int, ...] | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Every layer and direction over ``(T, N, H_in)``: the output and the stacked final states."""
+        d = 2 if self.bidirectional else 1
+        lstm = self.mode == "lstm"
         layer_in = input
         h_n: list[Tensor] = []
         c_n: list[Tensor] = []
@@ -219,6 +289,7 @@ class RNNBase(Module):
                     b_hh,
                     reverse=bool(direction),
                     weight_hr=w_hr,
+                    lengths=lengths,
                 )
                 outs.append(y)
                 h_n.append(hk)
@@ -227,18 +298,7 @@ class RNNBase(Module):
             layer_in = outs[0] if d == 1 else _rt.cat(outs, 2)
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 layer_in = F.dropout(layer_in, self.dropout, True)
-        output = layer_in
-        hn = _rt.stack(h_n, 0)
-        cn = _rt.stack(c_n, 0) if lstm else None
-        if not batched:
-            output = output.squeeze(1)
-            hn = hn.squeeze(1)
-            cn = cn.squeeze(1) if cn is not None else None
-        elif self.batch_first:
-            output = output.transpose(0, 1)
-        if lstm:
-            return output, (hn, cn)
-        return output, hn
+        return layer_in, _rt.stack(h_n, 0), _rt.stack(c_n, 0) if lstm else None
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"

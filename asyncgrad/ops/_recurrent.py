@@ -16,6 +16,7 @@ b_hn))``; RNN ``tanh`` or ``relu``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -61,8 +62,10 @@ def _recurrent_kernel(
     w_hr: np.ndarray | None,
     mode: str,
     reverse: bool,
+    lengths: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     t_len, b, _ = x.shape
+    lens = None if lengths is None else np.asarray(lengths)
     hs = h0.shape[1]  # the state size: hidden_size, or proj_size for a projected LSTM
     h = w_ih.shape[0] // RECURRENT_MODES[mode]  # hidden_size (the gates', the cells')
     dt = x.dtype
@@ -96,6 +99,11 @@ def _recurrent_kernel(
                 np.multiply(o, np.tanh(c), out=y[s])
             else:  # the projection: h = W_hr (o * tanh(c))
                 np.matmul(o * np.tanh(c), w_hr.T, out=y[s])
+            if lens is not None:  # finished (or, backwards, not yet started) rows keep their states
+                done = s >= lens
+                if done.any():
+                    y[s][done] = hp[done]
+                    c[done] = cp[done]
             hp, cp = y[s], c
     elif mode == "gru":
         ws = buf[n_y:].reshape(t_len, b, 4 * h)  # r, z, n, W_hn h + b_hn
@@ -112,6 +120,10 @@ def _recurrent_kernel(
             n = w[:, 2 * h : 3 * h]
             # h' = (1 - z) * n + z * h = n + z * (h - n)
             np.add(n, z * (hp - n), out=y[s])
+            if lens is not None:
+                done = s >= lens
+                if done.any():
+                    y[s][done] = hp[done]
             hp = y[s]
     else:
         if b_hh is not None:
@@ -123,6 +135,10 @@ def _recurrent_kernel(
                 np.maximum(pre, 0, out=y[s])
             else:
                 np.tanh(pre, out=y[s])
+            if lens is not None:
+                done = s >= lens
+                if done.any():
+                    y[s][done] = hp[done]
             hp = y[s]
     return buf
 
@@ -157,6 +173,9 @@ def _recurrent_grads(
     dh = np.zeros((b, hs), g.dtype)
     steps = list(reversed(_order(t_len, reverse)))
     dc0 = dw_hr = None
+    lengths = kw.get("lengths")
+    # per step, a (B, 1) 1/0 column: which rows took the step (None: all of them, every step)
+    lens = None if lengths is None else np.asarray(lengths).reshape(-1, 1)
     if mode == "lstm":
         gates = out[n_y : n_y + 4 * n_c].reshape(t_len, b, 4 * h)
         cells = out[n_y + 4 * n_c :].reshape(t_len, b, h)
@@ -171,19 +190,26 @@ def _recurrent_grads(
                 cp = cells[steps[k + 1]]
             else:
                 cp = c0
-            dht = dy[s] + dh
+            dst = dy[s] + dh  # the gradient of the state after step s
+            a = None if lens is None else (s < lens).astype(g.dtype)
+            dht = dst if a is None else dst * a
             if dhs is not None:  # through the projection: the gradient of o * tanh(c)
                 dhs[s] = dht
                 dht = dht @ w_hr
             tc = np.tanh(cells[s])
             dct = dc + dcells[s] + dht * o * (1.0 - tc * tc)
             d = dgi[s]
-            d[:, :h] = dct * gg * i * (1.0 - i)
-            d[:, h : 2 * h] = dct * cp * f * (1.0 - f)
-            d[:, 2 * h : 3 * h] = dct * i * (1.0 - gg * gg)
+            dcg = dct if a is None else dct * a
+            d[:, :h] = dcg * gg * i * (1.0 - i)
+            d[:, h : 2 * h] = dcg * cp * f * (1.0 - f)
+            d[:, 2 * h : 3 * h] = dcg * i * (1.0 - gg * gg)
             d[:, 3 * h :] = dht * tc * o * (1.0 - o)
-            dc = dct * f
-            dh = d @ w_hh
+            if a is None:
+                dc = dct * f
+                dh = d @ w_hh
+            else:  # a row that skipped the step passes its state's gradients straight through
+                dc = dct * (a * f + (1.0 - a))
+                dh = d @ w_hh + dst * (1.0 - a)
         dc0 = dc
         dgh = dgi
         if dhs is not None and needs[7]:
@@ -197,7 +223,9 @@ def _recurrent_grads(
             w = ws[s]
             r, z, n, ghn = w[:, :h], w[:, h : 2 * h], w[:, 2 * h : 3 * h], w[:, 3 * h :]
             hp = y[steps[k + 1]] if k + 1 < len(steps) else h0
-            dht = dy[s] + dh
+            dst = dy[s] + dh
+            a = None if lens is None else (s < lens).astype(g.dtype)
+            dht = dst if a is None else dst * a
             dn = dht * (1.0 - z) * (1.0 - n * n)
             dz = dht * (hp - n) * z * (1.0 - z)
             dr = dn * ghn * r * (1.0 - r)
@@ -208,14 +236,20 @@ def _recurrent_grads(
             dhh[:, : 2 * h] = di[:, : 2 * h]
             dhh[:, 2 * h :] = dn * r
             dh = dht * z + dhh @ w_hh
+            if a is not None:
+                dh += dst * (1.0 - a)
     else:
         dgi = np.empty((t_len, b, h), g.dtype)
         relu = mode == "rnn_relu"
         for s in steps:
-            dht = dy[s] + dh
+            dst = dy[s] + dh
+            a = None if lens is None else (s < lens).astype(g.dtype)
+            dht = dst if a is None else dst * a
             ys = y[s]
             np.multiply(dht, (ys > 0) if relu else (1.0 - ys * ys), out=dgi[s])
             dh = dgi[s] @ w_hh
+            if a is not None:
+                dh += dst * (1.0 - a)
         dgh = dgi
     dgi2 = dgi.reshape(t_len * b, -1)
     dgh2 = dgh.reshape(t_len * b, -1)
@@ -237,7 +271,17 @@ def _recurrent_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -
 
 
 def _recurrent_meta(
-    x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, w_hr: Any, mode: str, reverse: bool
+    x: Any,
+    h0: Any,
+    c0: Any,
+    w_ih: Any,
+    w_hh: Any,
+    b_ih: Any,
+    b_hh: Any,
+    w_hr: Any,
+    mode: str,
+    reverse: bool,
+    lengths: tuple[int, ...] | None = None,
 ) -> tuple[tuple[int, ...], np.dtype[Any]]:
     if mode not in RECURRENT_MODES:
         raise OpError(f"recurrent_layer: unknown mode {mode!r}; expected one of {sorted(RECURRENT_MODES)}")
@@ -259,6 +303,10 @@ def _recurrent_meta(
             f"{tuple(w_hr.shape)}"
         )
     hs = h if w_hr is None else w_hr.shape[0]  # the state size
+    if lengths is not None and (len(lengths) != b or any(not 1 <= n <= t_len for n in lengths)):
+        raise OpError(
+            f"{mode}: expected lengths of {b} sequences, each in [1, {t_len}] (the padded length), got {list(lengths)}"
+        )
     want = {
         "hx": (h0, (b, hs)),
         "weight_hh": (w_hh, (gates * h, hs)),
@@ -296,6 +344,7 @@ def recurrent_layer(
     bias_hh: Tensor | None = None,
     reverse: bool = False,
     weight_hr: Tensor | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run one layer and direction of an RNN, LSTM or GRU over a whole sequence, as one op.
 
@@ -311,6 +360,11 @@ def recurrent_layer(
         reverse: Walk the sequence from its last step to its first (the backward direction of a
             bidirectional layer); ``output[t]`` is still the state at step ``t``.
         weight_hr: An LSTM's projection ``(proj_size, hidden_size)``: ``h = W_hr (o * tanh(c))``, or None.
+        lengths: Per batch row, how many steps it has (a padded batch of sequences, PackedSequence's
+            case): a row takes steps ``0 .. length - 1`` only (backwards: from its own last step), its
+            states staying as they are elsewhere, so ``h_n`` / ``c_n`` are each row's states after its own
+            sequence. ``output`` then holds those frozen states past a row's end: mask it (the caller's
+            job, `asyncgrad.nn.utils.rnn` does).
 
     Returns:
         ``(output, h_n, c_n)``: output ``(seq_len, batch, H_out)``, the final states ``(batch, H_out)``
@@ -319,7 +373,10 @@ def recurrent_layer(
     if input.ndim == 3 and input.shape[0] == 0:
         raise OpError(f"{mode}: expected a sequence of at least one step, got input of shape {input.shape}")
     args = (input, hx, cx, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr)
-    packed = apply(OP_RECURRENT, args, {"mode": mode, "reverse": bool(reverse)})
+    kw: dict[str, Any] = {"mode": mode, "reverse": bool(reverse)}
+    if lengths is not None:
+        kw["lengths"] = tuple(int(n) for n in lengths)
+    packed = apply(OP_RECURRENT, args, kw)
     t_len, b = input.shape[0], input.shape[1]
     hs = hx.shape[1]
     n_y = t_len * b * hs

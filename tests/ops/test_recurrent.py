@@ -63,6 +63,39 @@ async def test_projected_lstm_gradcheck(rt, rng, reverse) -> None:
         assert await gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["rnn_tanh", "lstm", "gru"])
+@pytest.mark.parametrize("reverse", [False, True])
+async def test_recurrent_layer_with_lengths_gradcheck(rt, rng, mode, reverse) -> None:
+    """Rows of a padded batch with their own lengths: states freeze past a row's end (backwards: start at it)."""
+    g = {"rnn_tanh": 1, "lstm": 4, "gru": 3}[mode]
+    t_len, b, i, h = 4, 3, 2, 3
+    lstm = mode == "lstm"
+    inputs = [
+        rng.standard_normal((t_len, b, i)),
+        rng.standard_normal((b, h)) * 0.5,
+        rng.standard_normal((b, h)) * 0.5,
+        rng.standard_normal((g * h, i)) * 0.5,
+        rng.standard_normal((g * h, h)) * 0.5,
+        rng.standard_normal(g * h) * 0.3,
+    ]
+    if not lstm:
+        del inputs[2]
+
+    def fn(x, h0, *rest):
+        c, wi, wh, bi = rest if lstm else (None, *rest)
+        y, hn, cn = recurrent_layer(mode, x, h0, c, wi, wh, bi, None, reverse=reverse, lengths=[4, 1, 2])
+        parts = [y.reshape(-1), hn.reshape(-1) * 2.0] + ([cn.reshape(-1) * 3.0] if cn is not None else [])
+        return ag.cat(parts, 0)
+
+    with trio.fail_after(60):
+        assert await gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
+    t = [ag.tensor(a) for a in inputs]
+    x, h0, c0 = t[0], t[1], (t[2] if lstm else None)
+    wi, wh, bi = t[-3:]
+    with pytest.raises(ag.OpError, match=r"lengths of 3 sequences, each in \[1, 4\]"):
+        recurrent_layer(mode, x, h0, c0, wi, wh, bi, lengths=[4, 0, 2])
+
+
 async def test_recurrent_layer_without_bias_and_errors(rt, rng) -> None:
     x = rng.standard_normal((3, 2, 2))
     h0 = rng.standard_normal((2, 2))
