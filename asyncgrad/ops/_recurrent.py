@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import OpError, Tensor, apply, defop
+from ..runtime import OpError, Tensor, apply, cat, defop, matmul, relu, sigmoid, stack, tanh, tensor, zeros
 
 __all__ = ["RECURRENT_MODES", "recurrent_layer"]
 
@@ -263,11 +263,126 @@ def _recurrent_grads(
 
 def _recurrent_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     if not isinstance(g, np.ndarray):
-        raise RuntimeError(
-            f"{kw['mode']}: a double backward (create_graph=True) through the fused recurrence is not "
-            "supported; compute the first gradient without create_graph, or unroll the cell with ops"
-        )
+        return _recurrent_grads_recorded(g, args, kw, needs)
     return _recurrent_grads(g, args, out, kw, needs)
+
+
+def _recurrent_grads_recorded(g: Tensor, args: Any, kw: dict[str, Any], needs: Any) -> tuple[Any, ...]:
+    """The backward as recorded ops (``create_graph=True``), so that it can be differentiated again.
+
+    The forward is recomputed step by step with ops (the fused op's saved gates are not differentiable
+    functions of the inputs), then the same equations as `_recurrent_grads` run as ops: a Python loop of
+    small ops, taken only by passes that build a graph of the backward.
+    """
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = args
+    mode, reverse = kw["mode"], kw["reverse"]
+    lengths = kw.get("lengths")
+    t_len, b, n_in = x.shape
+    hs = h0.shape[1]
+    h = w_ih.shape[0] // RECURRENT_MODES[mode]
+    n_y = t_len * b * hs
+    order = list(_order(t_len, reverse))
+    masks: dict[int, Any] = {}
+    if lengths is not None:
+        lens = np.asarray(lengths).reshape(-1, 1)
+        for s in order:
+            masks[s] = tensor((s < lens).astype(x.dtype), device=x.device)
+
+    def keep(s: int, new: Any, old: Any) -> Any:  # rows past their length keep their state
+        a = masks.get(s)
+        return new if a is None else new * a + old * (1.0 - a)
+
+    # forward, recorded
+    xw = matmul(x.reshape(t_len * b, n_in), w_ih.transpose(0, 1)).reshape(t_len, b, -1)
+    if b_ih is not None:
+        xw = xw + b_ih
+    if b_hh is not None and mode != "gru":
+        xw = xw + b_hh
+    w_hh_t = w_hh.transpose(0, 1)
+    saved: dict[int, tuple[Any, ...]] = {}
+    hp, cp = h0, c0
+    for s in order:
+        if mode == "lstm":
+            pre = xw[s] + matmul(hp, w_hh_t)
+            i, f = sigmoid(pre[:, :h]), sigmoid(pre[:, h : 2 * h])
+            gg, o = tanh(pre[:, 2 * h : 3 * h]), sigmoid(pre[:, 3 * h :])
+            c = keep(s, f * cp + i * gg, cp)
+            m = o * tanh(c)
+            hn = keep(s, m if w_hr is None else matmul(m, w_hr.transpose(0, 1)), hp)
+            saved[s] = (hp, cp, i, f, gg, o, c, m)
+            hp, cp = hn, c
+        elif mode == "gru":
+            gh = matmul(hp, w_hh_t)
+            if b_hh is not None:
+                gh = gh + b_hh
+            gi = xw[s]
+            r = sigmoid(gi[:, :h] + gh[:, :h])
+            z = sigmoid(gi[:, h : 2 * h] + gh[:, h : 2 * h])
+            ghn = gh[:, 2 * h :]
+            n = tanh(gi[:, 2 * h :] + r * ghn)
+            saved[s] = (hp, r, z, n, ghn)
+            hp = keep(s, n + z * (hp - n), hp)
+        else:
+            pre = xw[s] + matmul(hp, w_hh_t)
+            hn = relu(pre) if mode == "rnn_relu" else tanh(pre)
+            saved[s] = (hp, hn)
+            hp = keep(s, hn, hp)
+
+    # backward, recorded
+    dy = g[:n_y].reshape(t_len, b, hs)
+    dcells = g[n_y + 4 * t_len * b * h :].reshape(t_len, b, h) if mode == "lstm" else None
+    dh: Any = zeros((b, hs), dtype=g.dtype, device=g.device)
+    dc: Any = zeros((b, h), dtype=g.dtype, device=g.device) if mode == "lstm" else None
+    dgi: dict[int, Any] = {}
+    dgh: dict[int, Any] = {}
+    dhs: dict[int, Any] = {}
+    for s in reversed(order):
+        a = masks.get(s)
+        dst = dy[s] + dh
+        dht = dst if a is None else dst * a
+        if mode == "lstm":
+            hp_s, cp_s, i, f, gg, o, c, m = saved[s]
+            if w_hr is not None:
+                dhs[s] = dht
+                dht = matmul(dht, w_hr)
+            tc = tanh(c)
+            assert dcells is not None
+            dct = dc + dcells[s] + dht * o * (1.0 - tc * tc)
+            dcg = dct if a is None else dct * a
+            d = cat([dcg * gg * i * (1.0 - i), dcg * cp_s * f * (1.0 - f), dcg * i * (1.0 - gg * gg),
+                     dht * tc * o * (1.0 - o)], 1)
+            dgi[s] = dgh[s] = d
+            dc = dct * f if a is None else dct * (a * f + (1.0 - a))
+            dh = matmul(d, w_hh)
+        elif mode == "gru":
+            hp_s, r, z, n, ghn = saved[s]
+            dn = dht * (1.0 - z) * (1.0 - n * n)
+            dz = dht * (hp_s - n) * z * (1.0 - z)
+            dr = dn * ghn * r * (1.0 - r)
+            dgi[s] = cat([dr, dz, dn], 1)
+            dgh[s] = cat([dr, dz, dn * r], 1)
+            dh = dht * z + matmul(dgh[s], w_hh)
+        else:
+            hp_s, hn = saved[s]
+            dpre = dht * (hn > 0).to(dtype=hn.dtype) if mode == "rnn_relu" else dht * (1.0 - hn * hn)
+            dgi[s] = dgh[s] = dpre
+            dh = matmul(dpre, w_hh)
+        if a is not None:
+            dh = dh + dst * (1.0 - a)
+    dgi2 = stack([dgi[s] for s in range(t_len)], 0).reshape(t_len * b, -1)
+    dgh2 = stack([dgh[s] for s in range(t_len)], 0).reshape(t_len * b, -1)
+    hprev = stack([saved[s][0] for s in range(t_len)], 0).reshape(t_len * b, hs)
+    dx = matmul(dgi2, w_ih).reshape(t_len, b, n_in) if needs[0] else None
+    dw_ih = matmul(dgi2.transpose(0, 1), x.reshape(t_len * b, n_in)) if needs[3] else None
+    dw_hh = matmul(dgh2.transpose(0, 1), hprev) if needs[4] else None
+    db_ih = dgi2.sum(0) if b_ih is not None and needs[5] else None
+    db_hh = dgh2.sum(0) if b_hh is not None and needs[6] else None
+    dw_hr = None
+    if w_hr is not None and needs[7]:
+        dhs2 = stack([dhs[s] for s in range(t_len)], 0).reshape(t_len * b, hs)
+        m2 = stack([saved[s][7] for s in range(t_len)], 0).reshape(t_len * b, h)
+        dw_hr = matmul(dhs2.transpose(0, 1), m2)
+    return (dx, dh, dc if c0 is not None else None, dw_ih, dw_hh, db_ih, db_hh, dw_hr)
 
 
 def _recurrent_meta(

@@ -276,3 +276,21 @@ async def test_lstm_with_projection_matches_torch(rt, rng, bidir, batch_first, w
         assert_grads_match(am, tm)
     with pytest.raises(ValueError, match="proj_size has to be smaller than hidden_size"):
         nn.LSTM(3, 4, proj_size=4)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+async def test_gradient_penalty_through_recurrence_matches_torch(rt, rng, kind) -> None:
+    """create_graph=True through a 2-layer bidirectional recurrence, then backward of the gradient's norm
+    (WGAN-GP's penalty): the same values and parameter gradients as torch."""
+    with trio.fail_after(60):
+        am, tm = _pair_modules(kind, 3, 4, 2, bidirectional=True)
+        ax, tx = pair(rng, (5, 2, 3), torch)
+        ay, _ = am(ax)
+        ty, _ = tm(tx)
+        (agx,) = await ag.grad((ay * ay).sum(), [ax], create_graph=True)
+        (tgx,) = torch.autograd.grad((ty * ty).sum(), [tx], create_graph=True)
+        assert_close(agx, tgx, "first gradient")
+        await ((agx * agx).sum()).backward()
+        ((tgx * tgx).sum()).backward()
+        assert_grads_match(am, tm, rtol=1e-9)
+        assert_close(ax.grad, tx.grad, rtol=1e-9)
