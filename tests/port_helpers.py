@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 import asyncgrad as ag
 
@@ -20,6 +21,24 @@ except ImportError:  # pragma: no cover - depends on the branch
     from gradcheck import gradgradcheck as _gradgradcheck
 
 RTOL = 1e-10
+
+
+@pytest.fixture(autouse=True)
+def torch_one_thread() -> Any:
+    """Torch, the reference, on one thread while a test runs (restored after): its thread pool on a shared
+    2-core machine made tiny reference steps take seconds. Autouse in every module that imports it."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
 ATOL = 1e-12
 
 

@@ -7,7 +7,13 @@ import warnings
 import numpy as np
 import pytest
 import trio
-from port_helpers import assert_close, assert_grads_match, load_from_torch, pair
+from port_helpers import (
+    assert_close,
+    assert_grads_match,
+    load_from_torch,
+    pair,
+    torch_one_thread,  # noqa: F401  (autouse: torch on one thread)
+)
 
 import asyncgrad as ag
 from asyncgrad import nn

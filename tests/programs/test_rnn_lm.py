@@ -8,7 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trio
-from port_helpers import Lib, load_from_torch, max_rel_diff
+from port_helpers import (
+    Lib,
+    load_from_torch,
+    max_rel_diff,
+    torch_one_thread,  # noqa: F401  (autouse: torch on one thread)
+)
 
 torch = pytest.importorskip("torch")
 
