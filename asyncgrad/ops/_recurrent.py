@@ -11,7 +11,12 @@ returns views of it: ``y``, ``h_n`` (a step of ``y``) and ``c_n`` (a step of the
 gradients of all three reach the one rule through the buffer.
 
 Gate layouts are PyTorch's: LSTM ``i, f, g, o``; GRU ``r, z, n`` with ``n = tanh(W_in x + b_in + r * (W_hn h +
-b_hn))``; RNN ``tanh`` or ``relu``.
+b_hn))``; RNN ``tanh`` or ``relu``. An LSTM may project its hidden state (``proj_size``: ``h = W_hr (o *
+tanh(c))``). Per-row ``lengths`` run a padded batch of variable-length sequences (PackedSequence): a row's
+states stay as they are outside its own steps.
+
+Under ``create_graph=True`` the rule instead recomputes the sequence with recorded ops and runs the same
+backward equations as ops (a Python loop of small ops), so second derivatives are exact too.
 """
 
 from __future__ import annotations
