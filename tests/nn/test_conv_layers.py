@@ -58,9 +58,10 @@ async def test_conv1d(rt, rng, kw) -> None:
 
 
 async def test_conv1d_unbatched(rt, rng) -> None:
-    am, tm = _mods("Conv1d", 3, 2, 2)
-    ax, tx = pair(rng, (3, 7), torch)
-    await _check(am, tm, ax, tx, rng)
+    with trio.fail_after(30):
+        am, tm = _mods("Conv1d", 3, 2, 2)
+        ax, tx = pair(rng, (3, 7), torch)
+        await _check(am, tm, ax, tx, rng)
 
 
 @pytest.mark.parametrize(
@@ -158,53 +159,56 @@ async def test_interpolate(rt, rng, shape, kw) -> None:
 
 
 async def test_upsample_modules(rt, rng) -> None:
-    ax, tx = pair(rng, (1, 2, 3, 4), torch)
-    for am, tm in (
-        (nn.Upsample(scale_factor=2, mode="bilinear"), torch.nn.Upsample(scale_factor=2, mode="bilinear")),
-        (nn.Upsample(size=(5, 5)), torch.nn.Upsample(size=(5, 5))),
-        (nn.UpsamplingNearest2d(scale_factor=3), torch.nn.UpsamplingNearest2d(scale_factor=3)),
-        (nn.UpsamplingBilinear2d(size=(7, 2)), torch.nn.UpsamplingBilinear2d(size=(7, 2))),
-    ):
-        assert_close(am(ax), tm(tx), repr(am))
+    with trio.fail_after(30):
+        ax, tx = pair(rng, (1, 2, 3, 4), torch)
+        for am, tm in (
+            (nn.Upsample(scale_factor=2, mode="bilinear"), torch.nn.Upsample(scale_factor=2, mode="bilinear")),
+            (nn.Upsample(size=(5, 5)), torch.nn.Upsample(size=(5, 5))),
+            (nn.UpsamplingNearest2d(scale_factor=3), torch.nn.UpsamplingNearest2d(scale_factor=3)),
+            (nn.UpsamplingBilinear2d(size=(7, 2)), torch.nn.UpsamplingBilinear2d(size=(7, 2))),
+        ):
+            assert_close(am(ax), tm(tx), repr(am))
 
 
 async def test_bad_arguments(rt) -> None:
-    x = ag.zeros((1, 4, 5, 5), dtype=ag.float64)
-    with pytest.raises(ValueError, match="only one of size or scale_factor"):
-        F.interpolate(x)
-    with pytest.raises(ValueError, match="align_corners option can only be set"):
-        F.interpolate(x, scale_factor=2, align_corners=True)
-    with pytest.raises(NotImplementedError, match="bicubic"):
-        F.interpolate(x, scale_factor=2, mode="bicubic")
-    with pytest.raises(NotImplementedError, match="needs a 3-d input"):
-        F.interpolate(x, scale_factor=2, mode="linear")
-    with pytest.raises(ag.OpError, match="divisible by num_groups"):
-        F.group_norm(x, 3)
-    with pytest.raises(ValueError, match="divisible by num_groups"):
-        nn.GroupNorm(3, 4)
-    with pytest.raises(ag.OpError, match="has 4 channels but weight"):
-        F.conv_transpose2d(x, ag.zeros((3, 2, 3, 3), dtype=ag.float64))
-    with pytest.raises(ag.OpError, match="output padding must be smaller"):
-        F.conv_transpose2d(x, ag.zeros((4, 2, 3, 3), dtype=ag.float64), output_padding=1)
-    with pytest.raises(ValueError, match="in_channels must be divisible by groups"):
-        nn.ConvTranspose2d(3, 4, 2, groups=2)
-    with pytest.raises(ag.OpError, match="3-d weight"):
-        F.conv1d(ag.zeros((1, 4, 5)), ag.zeros((2, 4, 3, 3)))
-    with pytest.raises(ValueError, match="padding='same' is not supported for strided"):
-        nn.Conv1d(2, 2, 3, stride=2, padding="same")
-    with pytest.raises(ag.OpError, match="output_size"):
-        F.adaptive_avg_pool2d(x, (1, 2, 3))
+    with trio.fail_after(30):
+        x = ag.zeros((1, 4, 5, 5), dtype=ag.float64)
+        with pytest.raises(ValueError, match="only one of size or scale_factor"):
+            F.interpolate(x)
+        with pytest.raises(ValueError, match="align_corners option can only be set"):
+            F.interpolate(x, scale_factor=2, align_corners=True)
+        with pytest.raises(NotImplementedError, match="bicubic"):
+            F.interpolate(x, scale_factor=2, mode="bicubic")
+        with pytest.raises(NotImplementedError, match="needs a 3-d input"):
+            F.interpolate(x, scale_factor=2, mode="linear")
+        with pytest.raises(ag.OpError, match="divisible by num_groups"):
+            F.group_norm(x, 3)
+        with pytest.raises(ValueError, match="divisible by num_groups"):
+            nn.GroupNorm(3, 4)
+        with pytest.raises(ag.OpError, match="has 4 channels but weight"):
+            F.conv_transpose2d(x, ag.zeros((3, 2, 3, 3), dtype=ag.float64))
+        with pytest.raises(ag.OpError, match="output padding must be smaller"):
+            F.conv_transpose2d(x, ag.zeros((4, 2, 3, 3), dtype=ag.float64), output_padding=1)
+        with pytest.raises(ValueError, match="in_channels must be divisible by groups"):
+            nn.ConvTranspose2d(3, 4, 2, groups=2)
+        with pytest.raises(ag.OpError, match="3-d weight"):
+            F.conv1d(ag.zeros((1, 4, 5)), ag.zeros((2, 4, 3, 3)))
+        with pytest.raises(ValueError, match="padding='same' is not supported for strided"):
+            nn.Conv1d(2, 2, 3, stride=2, padding="same")
+        with pytest.raises(ag.OpError, match="output_size"):
+            F.adaptive_avg_pool2d(x, (1, 2, 3))
 
 
 async def test_parameter_shapes_and_init(rt) -> None:
-    for name, args in (("Conv1d", (4, 6, 3)), ("ConvTranspose2d", (4, 6, 3)), ("GroupNorm", (2, 6))):
-        am, tm = _mods(name, *args)
-        assert [(k, v.shape) for k, v in am.state_dict().items()] == [
-            (k, tuple(v.shape)) for k, v in tm.state_dict().items()
-        ]
-    ct = nn.ConvTranspose2d(4, 6, 3, groups=2)
-    bound = 1 / np.sqrt(3 * 3 * 3)  # fan_in = weight.shape[1] * kH * kW, as torch computes it
-    assert np.all(np.abs(ct.bias.numpy()) <= bound)
+    with trio.fail_after(30):
+        for name, args in (("Conv1d", (4, 6, 3)), ("ConvTranspose2d", (4, 6, 3)), ("GroupNorm", (2, 6))):
+            am, tm = _mods(name, *args)
+            assert [(k, v.shape) for k, v in am.state_dict().items()] == [
+                (k, tuple(v.shape)) for k, v in tm.state_dict().items()
+            ]
+        ct = nn.ConvTranspose2d(4, 6, 3, groups=2)
+        bound = 1 / np.sqrt(3 * 3 * 3)  # fan_in = weight.shape[1] * kH * kW, as torch computes it
+        assert np.all(np.abs(ct.bias.numpy()) <= bound)
 
 
 async def test_on_lanes(rt, rng, monkeypatch) -> None:

@@ -66,36 +66,37 @@ async def test_recurrent_layers_on_packed_batches(rt, rng, kind, sorted_) -> Non
 
 
 async def test_pack_pad_helpers_match_torch(rt, rng) -> None:
-    seqs = [rng.standard_normal((n, 2)) for n in (3, 5, 1)]
-    aseqs = [ag.tensor(s, requires_grad=True) for s in seqs]
-    tseqs = [torch.tensor(s, requires_grad=True) for s in seqs]
-    for bf in (False, True):
-        for side in ("right", "left"):
-            assert_close(
-                R.pad_sequence(aseqs, batch_first=bf, padding_value=-1.0, padding_side=side),
-                TR.pad_sequence(tseqs, batch_first=bf, padding_value=-1.0, padding_side=side),
-            )
-    ap = R.pack_sequence(aseqs, enforce_sorted=False)
-    tp = TR.pack_sequence(tseqs, enforce_sorted=False)
-    assert_close(ap.data, tp.data)
-    assert ap.sorted_indices.numpy().tolist() == tp.sorted_indices.tolist()
-    assert ap.unsorted_indices.numpy().tolist() == tp.unsorted_indices.tolist()
-    apad, _ = R.pad_packed_sequence(ap, padding_value=9.0, total_length=6)
-    tpad, _ = TR.pad_packed_sequence(tp, padding_value=9.0, total_length=6)
-    assert_close(apad, tpad)
-    for a, t in zip(R.unpack_sequence(ap), TR.unpack_sequence(tp)):
-        assert_close(a, t)
-    w = rng.standard_normal(tuple(tpad.shape))
-    await (apad * ag.tensor(w)).sum().backward()
-    (tpad * torch.tensor(w)).sum().backward()
-    for a, t in zip(aseqs, tseqs):
-        assert_close(a.grad, t.grad)
-    with pytest.raises(RuntimeError, match="sorted in decreasing order"):
-        R.pack_sequence(aseqs)
-    with pytest.raises(RuntimeError, match="greater than 0"):
-        R.pack_padded_sequence(ag.zeros((3, 2, 1)), [3, 0])
-    with pytest.raises(ValueError, match="total_length to be at least"):
-        R.pad_packed_sequence(ap, total_length=2)
+    with trio.fail_after(30):
+        seqs = [rng.standard_normal((n, 2)) for n in (3, 5, 1)]
+        aseqs = [ag.tensor(s, requires_grad=True) for s in seqs]
+        tseqs = [torch.tensor(s, requires_grad=True) for s in seqs]
+        for bf in (False, True):
+            for side in ("right", "left"):
+                assert_close(
+                    R.pad_sequence(aseqs, batch_first=bf, padding_value=-1.0, padding_side=side),
+                    TR.pad_sequence(tseqs, batch_first=bf, padding_value=-1.0, padding_side=side),
+                )
+        ap = R.pack_sequence(aseqs, enforce_sorted=False)
+        tp = TR.pack_sequence(tseqs, enforce_sorted=False)
+        assert_close(ap.data, tp.data)
+        assert ap.sorted_indices.numpy().tolist() == tp.sorted_indices.tolist()
+        assert ap.unsorted_indices.numpy().tolist() == tp.unsorted_indices.tolist()
+        apad, _ = R.pad_packed_sequence(ap, padding_value=9.0, total_length=6)
+        tpad, _ = TR.pad_packed_sequence(tp, padding_value=9.0, total_length=6)
+        assert_close(apad, tpad)
+        for a, t in zip(R.unpack_sequence(ap), TR.unpack_sequence(tp)):
+            assert_close(a, t)
+        w = rng.standard_normal(tuple(tpad.shape))
+        await (apad * ag.tensor(w)).sum().backward()
+        (tpad * torch.tensor(w)).sum().backward()
+        for a, t in zip(aseqs, tseqs):
+            assert_close(a.grad, t.grad)
+        with pytest.raises(RuntimeError, match="sorted in decreasing order"):
+            R.pack_sequence(aseqs)
+        with pytest.raises(RuntimeError, match="greater than 0"):
+            R.pack_padded_sequence(ag.zeros((3, 2, 1)), [3, 0])
+        with pytest.raises(ValueError, match="total_length to be at least"):
+            R.pad_packed_sequence(ap, total_length=2)
 
 
 async def test_packed_lstm_language_model_step(rt, rng) -> None:

@@ -112,17 +112,18 @@ async def test_unbatched_input(rt, rng, kind) -> None:
 
 
 async def test_state_dict_keys_and_shapes_are_torchs(rt) -> None:
-    for kind in KINDS:
-        am, tm = _pair_modules(kind, 7, 3, 2, bidirectional=True)
-        assert [(k, v.shape) for k, v in am.state_dict().items()] == [
-            (k, tuple(v.shape)) for k, v in tm.state_dict().items()
-        ]
-    lstm = nn.LSTM(4, 6)
-    bound = 1 / np.sqrt(6)
-    for p in lstm.parameters():
-        v = p.numpy()
-        assert np.all(np.abs(v) <= bound) and v.std() > 0
-    assert len(lstm.all_weights) == 1 and len(lstm.all_weights[0]) == 4
+    with trio.fail_after(30):
+        for kind in KINDS:
+            am, tm = _pair_modules(kind, 7, 3, 2, bidirectional=True)
+            assert [(k, v.shape) for k, v in am.state_dict().items()] == [
+                (k, tuple(v.shape)) for k, v in tm.state_dict().items()
+            ]
+        lstm = nn.LSTM(4, 6)
+        bound = 1 / np.sqrt(6)
+        for p in lstm.parameters():
+            v = p.numpy()
+            assert np.all(np.abs(v) <= bound) and v.std() > 0
+        assert len(lstm.all_weights) == 1 and len(lstm.all_weights[0]) == 4
 
 
 async def test_dropout_between_layers(rt, rng) -> None:
@@ -179,48 +180,50 @@ async def test_cells_match_torch(rt, rng, kind, batched) -> None:
 
 
 async def test_bad_arguments_raise_clear_errors(rt) -> None:
-    with pytest.raises(ValueError, match="nonlinearity"):
-        nn.RNN(3, 4, nonlinearity="sigmoid")
-    with pytest.raises(ValueError, match="hidden_size must be a positive int"):
-        nn.LSTM(3, 0)
-    with pytest.raises(ValueError, match="dropout"):
-        nn.GRU(3, 4, 2, dropout=1.5)
-    with pytest.raises(ValueError, match="proj_size"):
-        nn.GRU(3, 4, proj_size=2)
-    lstm = nn.LSTM(3, 4, 2, dtype=ag.float64)
-    x = ag.zeros((5, 2, 3), dtype=ag.float64)
-    with pytest.raises(ValueError, match=r"input_size\. Expected 3, got 6"):
-        lstm(ag.zeros((5, 2, 6), dtype=ag.float64))
-    with pytest.raises(ValueError, match="2D or 3D"):
-        lstm(ag.zeros((5,), dtype=ag.float64))
-    with pytest.raises(ValueError, match=r"h_0 of size \(2, 2, 4\), got \(1, 2, 4\)"):
-        lstm(x, (ag.zeros((1, 2, 4), dtype=ag.float64), ag.zeros((2, 2, 4), dtype=ag.float64)))
-    with pytest.raises(TypeError, match="tuple"):
-        lstm(x, ag.zeros((2, 2, 4), dtype=ag.float64))
-    with pytest.raises(ag.OpError, match="one floating point dtype"):
-        lstm(ag.zeros((5, 2, 3), dtype=ag.float32))
-    with pytest.raises(ValueError, match="inconsistent input_size"):
-        nn.GRUCell(3, 4)(ag.zeros((2, 5)))
-    with pytest.raises(ValueError, match=r"hx of size \(2, 4\)"):
-        nn.RNNCell(3, 4)(ag.zeros((2, 3)), ag.zeros((3, 4)))
+    with trio.fail_after(30):
+        with pytest.raises(ValueError, match="nonlinearity"):
+            nn.RNN(3, 4, nonlinearity="sigmoid")
+        with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+            nn.LSTM(3, 0)
+        with pytest.raises(ValueError, match="dropout"):
+            nn.GRU(3, 4, 2, dropout=1.5)
+        with pytest.raises(ValueError, match="proj_size"):
+            nn.GRU(3, 4, proj_size=2)
+        lstm = nn.LSTM(3, 4, 2, dtype=ag.float64)
+        x = ag.zeros((5, 2, 3), dtype=ag.float64)
+        with pytest.raises(ValueError, match=r"input_size\. Expected 3, got 6"):
+            lstm(ag.zeros((5, 2, 6), dtype=ag.float64))
+        with pytest.raises(ValueError, match="2D or 3D"):
+            lstm(ag.zeros((5,), dtype=ag.float64))
+        with pytest.raises(ValueError, match=r"h_0 of size \(2, 2, 4\), got \(1, 2, 4\)"):
+            lstm(x, (ag.zeros((1, 2, 4), dtype=ag.float64), ag.zeros((2, 2, 4), dtype=ag.float64)))
+        with pytest.raises(TypeError, match="tuple"):
+            lstm(x, ag.zeros((2, 2, 4), dtype=ag.float64))
+        with pytest.raises(ag.OpError, match="one floating point dtype"):
+            lstm(ag.zeros((5, 2, 3), dtype=ag.float32))
+        with pytest.raises(ValueError, match="inconsistent input_size"):
+            nn.GRUCell(3, 4)(ag.zeros((2, 5)))
+        with pytest.raises(ValueError, match=r"hx of size \(2, 4\)"):
+            nn.RNNCell(3, 4)(ag.zeros((2, 3)), ag.zeros((3, 4)))
 
 
 async def test_one_op_per_layer_direction(rt, rng) -> None:
     """The fused recurrence: the graph of a 2-layer bidirectional LSTM over 50 steps holds 4 recurrence
     nodes (one per layer and direction), however long the sequence."""
-    lstm = nn.LSTM(3, 4, 2, bidirectional=True, dtype=ag.float64)
-    x = ag.tensor(rng.standard_normal((50, 2, 3)), requires_grad=True)
-    y, _ = lstm(x)
-    seen, stack, rec = set(), [y.grad_fn], 0
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        rec += node.name() == "RecurrentLayerBackward0"
-        stack.extend(fn for fn, _ in node.next_functions if fn is not None and hasattr(fn, "next_functions"))
-    assert rec == 4
-    assert len(seen) < 40  # a handful of views and cats, not hundreds of per-step ops
+    with trio.fail_after(30):
+        lstm = nn.LSTM(3, 4, 2, bidirectional=True, dtype=ag.float64)
+        x = ag.tensor(rng.standard_normal((50, 2, 3)), requires_grad=True)
+        y, _ = lstm(x)
+        seen, stack, rec = set(), [y.grad_fn], 0
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            rec += node.name() == "RecurrentLayerBackward0"
+            stack.extend(fn for fn, _ in node.next_functions if fn is not None and hasattr(fn, "next_functions"))
+        assert rec == 4
+        assert len(seen) < 40  # a handful of views and cats, not hundreds of per-step ops
 
 
 @pytest.mark.parametrize("limit", [-1, 10**9])

@@ -108,24 +108,25 @@ async def test_multihead_attention_matches_torch(rt, rng, case) -> None:
 
 
 async def test_multihead_attention_state_dict_and_errors(rt) -> None:
-    for kw in ({}, {"kdim": 3, "vdim": 5}, {"bias": False, "add_bias_kv": True}):
-        am, tm = _modules("MultiheadAttention", 8, 4, **kw)
-        assert [(k, v.shape) for k, v in am.state_dict().items()] == [
-            (k, tuple(v.shape)) for k, v in tm.state_dict().items()
-        ]
-    m = nn.MultiheadAttention(8, 2)
-    assert np.all(m.in_proj_bias.numpy() == 0) and np.all(m.out_proj.bias.numpy() == 0)
-    with pytest.raises(ValueError, match="divisible by num_heads"):
-        nn.MultiheadAttention(6, 4)
-    x = ag.zeros((4, 2, 8))
-    with pytest.raises(ValueError, match="embedding dimension of 8, but got 6"):
-        m(ag.zeros((4, 2, 6)), x, x)
-    with pytest.raises(RuntimeError, match=r"2D attn_mask is \(3, 3\), but should be \(4, 4\)"):
-        m(x, x, x, attn_mask=ag.zeros((3, 3), dtype=ag.bool))
-    with pytest.raises(RuntimeError, match="Need attn_mask"):
-        m(x, x, x, is_causal=True)
-    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(2, 4\)"):
-        m(x, x, x, key_padding_mask=ag.zeros((2, 3), dtype=ag.bool))
+    with trio.fail_after(30):
+        for kw in ({}, {"kdim": 3, "vdim": 5}, {"bias": False, "add_bias_kv": True}):
+            am, tm = _modules("MultiheadAttention", 8, 4, **kw)
+            assert [(k, v.shape) for k, v in am.state_dict().items()] == [
+                (k, tuple(v.shape)) for k, v in tm.state_dict().items()
+            ]
+        m = nn.MultiheadAttention(8, 2)
+        assert np.all(m.in_proj_bias.numpy() == 0) and np.all(m.out_proj.bias.numpy() == 0)
+        with pytest.raises(ValueError, match="divisible by num_heads"):
+            nn.MultiheadAttention(6, 4)
+        x = ag.zeros((4, 2, 8))
+        with pytest.raises(ValueError, match="embedding dimension of 8, but got 6"):
+            m(ag.zeros((4, 2, 6)), x, x)
+        with pytest.raises(RuntimeError, match=r"2D attn_mask is \(3, 3\), but should be \(4, 4\)"):
+            m(x, x, x, attn_mask=ag.zeros((3, 3), dtype=ag.bool))
+        with pytest.raises(RuntimeError, match="Need attn_mask"):
+            m(x, x, x, is_causal=True)
+        with pytest.raises(ValueError, match=r"key_padding_mask of shape \(2, 4\)"):
+            m(x, x, x, key_padding_mask=ag.zeros((2, 3), dtype=ag.bool))
 
 
 SDPA_CASES = ["plain", "causal", "bool", "float_grad", "scale", "broadcast", "gqa", "dead_row"]
@@ -168,21 +169,22 @@ async def test_sdpa_matches_torch(rt, rng, case) -> None:
 
 
 async def test_sdpa_dropout_is_consistent_and_errors(rt, rng) -> None:
-    q = ag.tensor(rng.standard_normal((2, 4, 3)), requires_grad=True)
-    ag.manual_seed(5)
-    a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy()
-    ag.manual_seed(5)
-    b = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy()
-    c = F.scaled_dot_product_attention(q, q, q).numpy()
-    assert np.array_equal(a, b) and not np.allclose(a, c)
-    with pytest.raises(ag.OpError, match="should not be set when is_causal"):
-        F.scaled_dot_product_attention(q, q, q, attn_mask=ag.ones((4, 4), dtype=ag.bool), is_causal=True)
-    with pytest.raises(ag.OpError, match=r"attn_mask of shape \(3, 3\) does not broadcast"):
-        F.scaled_dot_product_attention(q, q, q, attn_mask=ag.ones((3, 3), dtype=ag.bool))
-    with pytest.raises(ag.OpError, match=r"query .* key .* value"):
-        F.scaled_dot_product_attention(q, q, ag.zeros((2, 5, 3), dtype=ag.float64))
-    with pytest.raises(ag.OpError, match="one floating point dtype"):
-        F.scaled_dot_product_attention(q, q, ag.zeros((2, 4, 3), dtype=ag.float32))
+    with trio.fail_after(30):
+        q = ag.tensor(rng.standard_normal((2, 4, 3)), requires_grad=True)
+        ag.manual_seed(5)
+        a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy()
+        ag.manual_seed(5)
+        b = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy()
+        c = F.scaled_dot_product_attention(q, q, q).numpy()
+        assert np.array_equal(a, b) and not np.allclose(a, c)
+        with pytest.raises(ag.OpError, match="should not be set when is_causal"):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=ag.ones((4, 4), dtype=ag.bool), is_causal=True)
+        with pytest.raises(ag.OpError, match=r"attn_mask of shape \(3, 3\) does not broadcast"):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=ag.ones((3, 3), dtype=ag.bool))
+        with pytest.raises(ag.OpError, match=r"query .* key .* value"):
+            F.scaled_dot_product_attention(q, q, ag.zeros((2, 5, 3), dtype=ag.float64))
+        with pytest.raises(ag.OpError, match="one floating point dtype"):
+            F.scaled_dot_product_attention(q, q, ag.zeros((2, 4, 3), dtype=ag.float32))
 
 
 LAYER_CASES = [
@@ -250,35 +252,39 @@ async def test_transformer_matches_torch(rt, rng) -> None:
 
 
 async def test_encoder_stack_deep_copies_its_layer(rt, rng) -> None:
-    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, dtype=ag.float64)
-    enc = nn.TransformerEncoder(layer, 3, norm=nn.LayerNorm(8, dtype=ag.float64))
-    ws = [m.self_attn.in_proj_weight for m in enc.layers]
-    assert len({id(w) for w in ws}) == 3 and all(w is not layer.self_attn.in_proj_weight for w in ws)
-    assert all(np.array_equal(w.numpy(), layer.self_attn.in_proj_weight.numpy()) for w in ws)
-    x = ag.tensor(rng.standard_normal((5, 2, 8)))
-    await enc(x).sum().backward()
-    assert layer.self_attn.in_proj_weight.grad is None
-    assert all(w.grad is not None for w in ws)
-    # torch's stack, with the same weights, gives the same values and gradients
-    tenc = torch.nn.TransformerEncoder(
-        torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0), 3, torch.nn.LayerNorm(8), enable_nested_tensor=False
-    ).double()
-    load_from_torch(enc, tenc)
-    enc.zero_grad()
-    tx = torch.tensor(x.numpy())
-    ao, to = enc(x), tenc(tx)
-    assert_close(ao, to)
-    await ao.sum().backward()
-    to.sum().backward()
-    assert_grads_match(enc, tenc)
-    # a deep copy of a tensor is a new leaf with its own value; copy.copy shares the value
-    p = enc.layers[0].linear1.weight
-    q = copy.deepcopy(p)
-    assert q is not p and q.requires_grad and q.is_leaf and np.array_equal(q.numpy(), p.numpy())
-    assert not np.shares_memory(q.numpy(), p.numpy())
-    assert np.shares_memory(copy.copy(p).numpy(), p.numpy())
-    with pytest.raises(RuntimeError, match="graph leaves"):
-        copy.deepcopy(p * 2)
+    with trio.fail_after(30):
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, dtype=ag.float64)
+        enc = nn.TransformerEncoder(layer, 3, norm=nn.LayerNorm(8, dtype=ag.float64))
+        ws = [m.self_attn.in_proj_weight for m in enc.layers]
+        assert len({id(w) for w in ws}) == 3 and all(w is not layer.self_attn.in_proj_weight for w in ws)
+        assert all(np.array_equal(w.numpy(), layer.self_attn.in_proj_weight.numpy()) for w in ws)
+        x = ag.tensor(rng.standard_normal((5, 2, 8)))
+        await enc(x).sum().backward()
+        assert layer.self_attn.in_proj_weight.grad is None
+        assert all(w.grad is not None for w in ws)
+        # torch's stack, with the same weights, gives the same values and gradients
+        tenc = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0),
+            3,
+            torch.nn.LayerNorm(8),
+            enable_nested_tensor=False,
+        ).double()
+        load_from_torch(enc, tenc)
+        enc.zero_grad()
+        tx = torch.tensor(x.numpy())
+        ao, to = enc(x), tenc(tx)
+        assert_close(ao, to)
+        await ao.sum().backward()
+        to.sum().backward()
+        assert_grads_match(enc, tenc)
+        # a deep copy of a tensor is a new leaf with its own value; copy.copy shares the value
+        p = enc.layers[0].linear1.weight
+        q = copy.deepcopy(p)
+        assert q is not p and q.requires_grad and q.is_leaf and np.array_equal(q.numpy(), p.numpy())
+        assert not np.shares_memory(q.numpy(), p.numpy())
+        assert np.shares_memory(copy.copy(p).numpy(), p.numpy())
+        with pytest.raises(RuntimeError, match="graph leaves"):
+            copy.deepcopy(p * 2)
 
 
 async def test_on_lanes_with_create_graph(rt, rng, monkeypatch) -> None:
