@@ -126,6 +126,14 @@ class RNNBase(Module):
         for p in self.parameters():
             init.uniform_(p, -stdv, stdv)
 
+    def flatten_parameters(self) -> None:
+        """Accepted for PyTorch compatibility (cuDNN's contiguous weight buffer): a no-op here, where the
+        fused recurrence reads each weight where it is."""
+
+    @property
+    def _flat_weights(self) -> list[Tensor]:
+        return [getattr(self, n) for n in self._flat_weights_names]
+
     @property
     def all_weights(self) -> list[list[Tensor]]:
         """Per layer and direction, its ``[weight_ih, weight_hh, bias_ih, bias_hh]`` (PyTorch's ``all_weights``)."""

@@ -124,6 +124,8 @@ async def test_state_dict_keys_and_shapes_are_torchs(rt) -> None:
             v = p.numpy()
             assert np.all(np.abs(v) <= bound) and v.std() > 0
         assert len(lstm.all_weights) == 1 and len(lstm.all_weights[0]) == 4
+    lstm.flatten_parameters()  # accepted, as programs written for cuDNN call it
+    assert [id(p) for p in lstm._flat_weights] == [id(p) for p in lstm.parameters()]
 
 
 async def test_dropout_between_layers(rt, rng) -> None:
