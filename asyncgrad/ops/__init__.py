@@ -13,11 +13,17 @@ rule namespaces (`runtime.register_xp`); `asyncgrad._tensor_methods` binds them 
     _random       multinomial
     _linalg       matmul (lane-aware BLAS), mm/bmm/dot/outer/addmm, einsum
     _conv         conv2d, max_pool2d, avg_pool2d
+    _conv_transpose  conv1d, conv_transpose1d/2d
+    _resample     adaptive average pooling, interpolate (nearest, linear modes), group_norm
+    _recurrent    the fused recurrences of RNN/LSTM/GRU layers (one op per layer and direction)
+    _attention    scaled_dot_product_attention
     _nn           softmax, log_softmax, gelu, embedding, layer_norm, dropout
     _loss         cross_entropy, nll_loss, mse_loss, binary_cross_entropy_with_logits
 """
 
+from ._attention import scaled_dot_product_attention
 from ._conv import avg_pool2d, conv2d, max_pool2d
+from ._conv_transpose import conv1d, conv_transpose1d, conv_transpose2d, conv_transpose_output_padding
 from ._convert import astype, clone
 from ._elementwise import (
     abs,
@@ -86,6 +92,7 @@ from ._math import (
 )
 from ._nn import dropout, embedding, gelu, layer_norm, log_softmax, softmax
 from ._random import multinomial
+from ._recurrent import RECURRENT_MODES, recurrent_layer
 from ._reduce import (
     MaxResult,
     all,
@@ -105,6 +112,7 @@ from ._reduce import (
     sum,
     var,
 )
+from ._resample import adaptive_avg_pool1d, adaptive_avg_pool2d, group_norm, interpolate
 from ._shape import (
     broadcast_to,
     cat,
@@ -141,6 +149,17 @@ from ._shape import (
 from ._sort import SortResult, TopkResult, argsort, argwhere, masked_select, nonzero, sort, topk
 
 __all__ = [
+    "RECURRENT_MODES",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "conv1d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose_output_padding",
+    "group_norm",
+    "interpolate",
+    "recurrent_layer",
+    "scaled_dot_product_attention",
     "MaxResult",
     "SortResult",
     "TopkResult",

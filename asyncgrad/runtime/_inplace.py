@@ -16,8 +16,8 @@ import numpy as np
 from ..devices import INLINE_MAX_ELEMENTS, add_scaled
 from . import _grad_mode
 from ._dispatch import wait_for
-from ._runtime import current_stream
 from ._meta import check_int_div
+from ._runtime import current_stream
 from ._tensor import Tensor, is_ready
 
 

@@ -1,0 +1,389 @@
+"""Convolution extras with PyTorch's names, arguments and parameter shapes: Conv1d, ConvTranspose1d/2d,
+GroupNorm, AdaptiveAvgPool1d/2d, Upsample (and UpsamplingNearest2d / UpsamplingBilinear2d).
+
+Initialisation is PyTorch's: weights ``kaiming_uniform_(a=sqrt(5))``, biases ``U(-1/sqrt(fan_in),
+1/sqrt(fan_in))`` (a transposed convolution's fan-in counts its weight's dim 1, as PyTorch's does), group
+norm weights 1 and biases 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import runtime as _runtime
+from ..ops import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    conv1d,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose_output_padding,
+    group_norm,
+    interpolate,
+)
+from ..runtime import Tensor, get_default_dtype
+from . import init
+from ._module import Module, Parameter
+
+__all__ = [
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "Conv1d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "GroupNorm",
+    "Upsample",
+    "UpsamplingBilinear2d",
+    "UpsamplingNearest2d",
+]
+
+
+def _param(shape: tuple[int, ...], dtype: Any, device: Any) -> Tensor:
+    dt = get_default_dtype() if dtype is None else np.dtype(dtype)
+    t = _runtime.tensor(np.zeros(shape, dtype=dt), dtype=dt, device="cpu" if device is None else device)
+    return Parameter(t)
+
+
+def _ntuple(v: Any, n: int, what: str) -> tuple[int, ...]:
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return (int(v),) * n
+    t = tuple(int(i) for i in v)
+    if len(t) == 1:
+        t = t * n
+    if len(t) != n:
+        raise ValueError(f"{what} must be an int or a tuple of {n} ints, got {v!r}")
+    return t
+
+
+class _ConvNd(Module):
+    """Shared parameters and initialisation of the 1-d / transposed convolutions."""
+
+    _nd = 1
+    _transposed = False
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any,
+        padding: Any,
+        dilation: Any,
+        groups: int,
+        bias: bool,
+        padding_mode: str,
+        output_padding: Any,
+        device: Any,
+        dtype: Any,
+    ) -> None:
+        super().__init__()
+        cls = type(self).__name__
+        nd = self._nd
+        if groups <= 0:
+            raise ValueError(f"{cls}: groups must be a positive integer, got {groups}")
+        if in_channels % groups:
+            raise ValueError(f"{cls}: in_channels must be divisible by groups ({in_channels} % {groups} != 0)")
+        if out_channels % groups:
+            raise ValueError(f"{cls}: out_channels must be divisible by groups ({out_channels} % {groups} != 0)")
+        if padding_mode != "zeros":
+            raise NotImplementedError(f"{cls}: padding_mode={padding_mode!r} is not supported (only 'zeros')")
+        if isinstance(padding, str):
+            if self._transposed:
+                raise ValueError(f"{cls}: padding strings are not supported for transposed convolutions")
+            if padding not in ("valid", "same"):
+                raise ValueError(f"{cls}: invalid padding string {padding!r}, should be one of 'valid', 'same'")
+            if padding == "same" and any(s != 1 for s in _ntuple(stride, nd, "stride")):
+                raise ValueError(f"{cls}: padding='same' is not supported for strided convolutions")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _ntuple(kernel_size, nd, "kernel_size")
+        self.stride = _ntuple(stride, nd, "stride")
+        self.padding: Any = padding if isinstance(padding, str) else _ntuple(padding, nd, "padding")
+        self.dilation = _ntuple(dilation, nd, "dilation")
+        self.output_padding = _ntuple(output_padding, nd, "output_padding")
+        self.groups = groups
+        self.padding_mode = padding_mode
+        self.transposed = self._transposed
+        if self._transposed:
+            shape = (in_channels, out_channels // groups, *self.kernel_size)
+        else:
+            shape = (out_channels, in_channels // groups, *self.kernel_size)
+        self.weight = _param(shape, dtype, device)
+        if bias:
+            self.bias = _param((out_channels,), dtype, device)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default initialisation."""
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
+            if fan_in != 0:
+                bound = 1 / math.sqrt(fan_in)
+                init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0,) * self._nd:
+            s += f", padding={self.padding}"
+        if self.dilation != (1,) * self._nd:
+            s += f", dilation={self.dilation}"
+        if self.output_padding != (0,) * self._nd:
+            s += f", output_padding={self.output_padding}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        return s
+
+
+class Conv1d(_ConvNd):
+    """1-d convolution over ``(N, C_in, L)`` inputs (PyTorch's ``Conv1d``, ``padding_mode="zeros"``).
+
+    Args:
+        in_channels: Input channels.
+        out_channels: Output channels.
+        kernel_size: Int (or a 1-tuple).
+        stride: Default 1.
+        padding: Int, ``"valid"`` or ``"same"`` (default 0).
+        dilation: Default 1.
+        groups: Blocked connections from input to output channels (default 1).
+        bias: Learn a bias (default True).
+        padding_mode: Only ``"zeros"``.
+        device: Device of the parameters.
+        dtype: Parameter dtype.
+    """
+
+    _nd = 1
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode, 0,
+            device, dtype,
+        )
+
+    def forward(self, input: Tensor) -> Tensor:
+        return conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class _ConvTransposeNd(_ConvNd):
+    _transposed = True
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        output_padding: Any = 0,
+        groups: int = 1,
+        bias: bool = True,
+        dilation: Any = 1,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+            output_padding, device, dtype,
+        )
+
+    def _out_pad(self, input: Tensor, output_size: Sequence[int] | None) -> tuple[int, ...]:
+        if output_size is None:
+            return self.output_padding
+        nd = self._nd
+        size = list(output_size)[-nd:]
+        if len(size) != nd:
+            raise ValueError(f"{type(self).__name__}: output_size must have {nd} or more elements, got {output_size}")
+        return conv_transpose_output_padding(
+            input.shape[-nd:], size, self.kernel_size, self.stride, self.padding, self.dilation
+        )
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    """2-d transposed convolution (PyTorch's ``ConvTranspose2d``); weight ``(C_in, C_out / groups, kH, kW)``.
+
+    Args:
+        in_channels: Input channels.
+        out_channels: Output channels.
+        kernel_size: Int or pair.
+        stride: Int or pair (default 1).
+        padding: Int or pair (default 0).
+        output_padding: Extra size on one side of the output (default 0).
+        groups: Blocked connections (default 1).
+        bias: Learn a bias (default True).
+        dilation: Int or pair (default 1).
+        padding_mode: Only ``"zeros"``.
+        device: Device of the parameters.
+        dtype: Parameter dtype.
+
+    ``forward(input, output_size=None)``: ``output_size`` picks the output padding that gives that size.
+    """
+
+    _nd = 2
+
+    def forward(self, input: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
+        op = self._out_pad(input, output_size)
+        return conv_transpose2d(
+            input, self.weight, self.bias, self.stride, self.padding, op, self.groups, self.dilation
+        )
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """1-d transposed convolution (PyTorch's ``ConvTranspose1d``); weight ``(C_in, C_out / groups, K)``."""
+
+    _nd = 1
+
+    def forward(self, input: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
+        op = self._out_pad(input, output_size)
+        return conv_transpose1d(
+            input, self.weight, self.bias, self.stride, self.padding, op, self.groups, self.dilation
+        )
+
+
+class GroupNorm(Module):
+    """Group normalisation (PyTorch's ``GroupNorm``): statistics per sample over each group of channels.
+
+    Args:
+        num_groups: Groups to split the channels into.
+        num_channels: Channels C (divisible by num_groups).
+        eps: Added to the variance (default 1e-5).
+        affine: Learn per-channel ``weight`` (ones) and ``bias`` (zeros) (default True).
+        device: Device of the parameters.
+        dtype: Parameter dtype.
+    """
+
+    def __init__(
+        self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.affine = affine
+        if affine:
+            self.weight = _param((num_channels,), dtype, device)
+            self.bias = _param((num_channels,), dtype, device)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:
+        if input.ndim < 2 or input.shape[1] != self.num_channels:
+            raise ValueError(
+                f"GroupNorm: expected an input (N, {self.num_channels}, *), got shape {tuple(input.shape)}"
+            )
+        return group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class AdaptiveAvgPool2d(Module):
+    """Average pooling to a fixed ``output_size`` (an int or pair; None keeps that dim), PyTorch's bins."""
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:
+        return adaptive_avg_pool2d(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(Module):
+    """1-d average pooling to a fixed ``output_size``."""
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:
+        return adaptive_avg_pool1d(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class Upsample(Module):
+    """Resize with `asyncgrad.nn.functional.interpolate` (PyTorch's ``Upsample``).
+
+    Args:
+        size: Output spatial size.
+        scale_factor: Multiplier of the spatial size.
+        mode: ``"nearest"`` (default), ``"nearest-exact"``, ``"linear"``, ``"bilinear"``, ``"trilinear"``.
+        align_corners: For the linear modes.
+        recompute_scale_factor: As in `interpolate`.
+    """
+
+    def __init__(
+        self,
+        size: Any = None,
+        scale_factor: Any = None,
+        mode: str = "nearest",
+        align_corners: bool | None = None,
+        recompute_scale_factor: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.size = size
+        self.scale_factor = float(scale_factor) if isinstance(scale_factor, (int, float)) else scale_factor
+        self.mode = mode
+        self.align_corners = align_corners
+        self.recompute_scale_factor = recompute_scale_factor
+
+    def forward(self, input: Tensor) -> Tensor:
+        return interpolate(
+            input, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor
+        )
+
+    def extra_repr(self) -> str:
+        if self.scale_factor is not None:
+            info = f"scale_factor={self.scale_factor!r}"
+        else:
+            info = f"size={self.size!r}"
+        return f"{info}, mode={self.mode!r}"
+
+
+class UpsamplingNearest2d(Upsample):
+    """2-d nearest upsampling (PyTorch's ``UpsamplingNearest2d``)."""
+
+    def __init__(self, size: Any = None, scale_factor: Any = None) -> None:
+        super().__init__(size, scale_factor, mode="nearest")
+
+
+class UpsamplingBilinear2d(Upsample):
+    """2-d bilinear upsampling with ``align_corners=True`` (PyTorch's ``UpsamplingBilinear2d``)."""
+
+    def __init__(self, size: Any = None, scale_factor: Any = None) -> None:
+        super().__init__(size, scale_factor, mode="bilinear", align_corners=True)
