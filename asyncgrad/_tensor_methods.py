@@ -40,20 +40,11 @@ from .ops._elementwise import (
 from .ops._index import setitem_parts
 from .ops._linalg import OP_MATMUL
 from .ops._shape import _T
-from .runtime import (
-    Tensor,
-    apply,
-    apply1,
-    apply2,
-    current_runtime,
-    default_generator,
-    empty,
-    get_default_dtype,
-    is_ready,
-    share_version,
-    tensor,
-)
 from .runtime import _inplace as I
+from .runtime._dispatch import apply, apply1, apply2
+from .runtime._factories import default_generator, empty, get_default_dtype, tensor
+from .runtime._runtime import current_runtime
+from .runtime._tensor import Tensor, is_ready, share_version
 
 # ---- operators ---------------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import itertools
 import math
 import operator
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -702,98 +702,98 @@ class AvgPool2d(Module):
 # ---- activations -------------------------------------------------------------------------------
 
 
-class ReLU(Module):
+class _Activation(Module):
+    """An elementwise activation ``fn(input, *hyper-parameters)``: each subclass names its function and the
+    attributes passed to it (in order) and shown by ``repr`` (PyTorch's spelling, then ``inplace=True``)."""
+
+    _fn: Callable[..., Tensor]
+    _args: tuple[str, ...] = ()
+    inplace = False  # accepted for compatibility: the result is always a new tensor
+
+    def forward(self, input: Tensor) -> Tensor:
+        return type(self)._fn(input, *(getattr(self, a) for a in self._args))
+
+    def extra_repr(self) -> str:
+        parts = [f"{a}={getattr(self, a)!r}" if isinstance(getattr(self, a), str) else f"{a}={getattr(self, a)}"
+                 for a in self._args]
+        if self.inplace:
+            parts.append("inplace=True")
+        return ", ".join(parts)
+
+
+class ReLU(_Activation):
     """``max(x, 0)``."""
+
+    _fn = staticmethod(F.relu)
 
     def __init__(self, inplace: bool = False) -> None:
         super().__init__()
         self.inplace = inplace
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.relu(input)
 
-
-class Tanh(Module):
+class Tanh(_Activation):
     """Hyperbolic tangent."""
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.tanh(input)
+    _fn = staticmethod(F.tanh)
 
 
-class Sigmoid(Module):
+class Sigmoid(_Activation):
     """Logistic sigmoid."""
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.sigmoid(input)
+    _fn = staticmethod(F.sigmoid)
 
 
-def _inplace_str(inplace: bool, first: bool = False) -> str:
-    if not inplace:
-        return ""
-    return "inplace=True" if first else ", inplace=True"
-
-
-class LeakyReLU(Module):
+class LeakyReLU(_Activation):
     """``x`` where ``x > 0``, else ``negative_slope * x``."""
+
+    _fn = staticmethod(F.leaky_relu)
+    _args = ("negative_slope",)
 
     def __init__(self, negative_slope: float = 1e-2, inplace: bool = False) -> None:
         super().__init__()
         self.negative_slope = negative_slope
         self.inplace = inplace
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.leaky_relu(input, self.negative_slope)
 
-    def extra_repr(self) -> str:
-        return f"negative_slope={self.negative_slope}{_inplace_str(self.inplace)}"
-
-
-class SiLU(Module):
+class SiLU(_Activation):
     """``x * sigmoid(x)``."""
+
+    _fn = staticmethod(F.silu)
 
     def __init__(self, inplace: bool = False) -> None:
         super().__init__()
         self.inplace = inplace
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.silu(input)
 
-    def extra_repr(self) -> str:
-        return _inplace_str(self.inplace, first=True)
-
-
-class ELU(Module):
+class ELU(_Activation):
     """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``."""
+
+    _fn = staticmethod(F.elu)
+    _args = ("alpha",)
 
     def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
         super().__init__()
         self.alpha = alpha
         self.inplace = inplace
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.elu(input, self.alpha)
 
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha}{_inplace_str(self.inplace)}"
-
-
-class Softplus(Module):
+class Softplus(_Activation):
     """``log(1 + exp(beta * x)) / beta`` (linear where ``beta * x > threshold``)."""
+
+    _fn = staticmethod(F.softplus)
+    _args = ("beta", "threshold")
 
     def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
         super().__init__()
         self.beta = beta
         self.threshold = threshold
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.softplus(input, self.beta, self.threshold)
 
-    def extra_repr(self) -> str:
-        return f"beta={self.beta}, threshold={self.threshold}"
-
-
-class Hardtanh(Module):
+class Hardtanh(_Activation):
     """``input`` clamped to ``[min_val, max_val]`` (gradient 1 strictly inside, 0 elsewhere)."""
+
+    _fn = staticmethod(F.hardtanh)
+    _args = ("min_val", "max_val")
 
     def __init__(
         self,
@@ -814,12 +814,6 @@ class Hardtanh(Module):
         self.max_val = max_val
         self.inplace = inplace
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.hardtanh(input, self.min_val, self.max_val)
-
-    def extra_repr(self) -> str:
-        return f"min_val={self.min_val}, max_val={self.max_val}{_inplace_str(self.inplace)}"
-
 
 class ReLU6(Hardtanh):
     """``min(max(x, 0), 6)``."""
@@ -828,11 +822,14 @@ class ReLU6(Hardtanh):
         super().__init__(0.0, 6.0, inplace)
 
     def extra_repr(self) -> str:
-        return _inplace_str(self.inplace, first=True)
+        return "inplace=True" if self.inplace else ""
 
 
-class GELU(Module):
+class GELU(_Activation):
     """Gaussian Error Linear Unit: exact (``approximate="none"``, the default) or ``"tanh"``."""
+
+    _fn = staticmethod(F.gelu)
+    _args = ("approximate",)
 
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
@@ -840,39 +837,25 @@ class GELU(Module):
             raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
         self.approximate = approximate
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.gelu(input, approximate=self.approximate)
 
-    def extra_repr(self) -> str:
-        return f"approximate={self.approximate!r}"
+class _DimActivation(_Activation):
+    _args = ("dim",)
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
 
 
-class Softmax(Module):
+class Softmax(_DimActivation):
     """Softmax along ``dim``."""
 
-    def __init__(self, dim: int | None = None) -> None:
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.softmax(input, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
+    _fn = staticmethod(F.softmax)
 
 
-class LogSoftmax(Module):
+class LogSoftmax(_DimActivation):
     """Log-softmax along ``dim``."""
 
-    def __init__(self, dim: int | None = None) -> None:
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.log_softmax(input, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
+    _fn = staticmethod(F.log_softmax)
 
 
 # ---- regularisation, normalisation, lookup, reshaping ------------------------------------------

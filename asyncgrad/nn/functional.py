@@ -18,6 +18,7 @@ from ..ops import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
     avg_pool2d,
+    binary_cross_entropy,
     binary_cross_entropy_with_logits,
     conv1d,
     conv2d,
@@ -30,6 +31,7 @@ from ..ops import (
     interpolate,
     layer_norm,
     legacy_reduction,
+    linear,
     max_pool2d,
     mse_loss,
     nll_loss,
@@ -38,7 +40,7 @@ from ..ops import (
     weighted_loss,
 )
 from ..ops import gelu as _gelu_op
-from ..runtime import OpError, Tensor, apply, defop
+from ..runtime import Tensor
 
 __all__ = [
     "adaptive_avg_pool1d",
@@ -85,60 +87,6 @@ __all__ = [
 
 
 # ---- activations and linear --------------------------------------------------------------------
-
-
-def _linear_meta(x: Any, w: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    if x.ndim < 1 or w.ndim != 2 or x.shape[-1] != w.shape[1]:
-        raise OpError(
-            f"linear: input of shape {tuple(x.shape)} and weight of shape {tuple(w.shape)} do not fit: "
-            "expected input (*, in_features) and weight (out_features, in_features)"
-        )
-    if b is not None and tuple(b.shape) != (w.shape[0],):
-        raise OpError(f"linear: bias of shape {tuple(b.shape)} must be ({w.shape[0]},)")
-    for name, t in (("input", x), ("bias", b)):
-        if t is not None and t.dtype != w.dtype:  # PyTorch does not promote here either
-            raise OpError(
-                f"linear: {name} has dtype {t.dtype} but the weight has {w.dtype}; they must match "
-                "(convert the input with .to(dtype), or the module with .to(dtype) / .double())"
-            )
-    return (*x.shape[:-1], w.shape[0]), np.dtype(w.dtype)
-
-
-def _linear_kernel(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    out = np.matmul(x, w.T)
-    if b is not None:
-        out += b
-    return out
-
-
-def _linear_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
-    x, w, _ = args
-    n_out, n_in = w.shape
-    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
-    gx = gw = gb = None
-    g2 = xp.reshape(g, (rows, n_out))
-    if needs[0]:
-        gx = xp.matmul(g, w)
-    if needs[1]:
-        # (out, rows) @ (rows, in): a fresh C-contiguous array, so AccumulateGrad can steal it
-        gw = xp.matmul(xp.swapaxes(g2, 0, 1), xp.reshape(x, (rows, n_in)))
-    if needs[2]:
-        gb = xp.sum(g2, 0)
-    return (gx, gw, gb)
-
-
-OP_LINEAR = defop("linear", _linear_kernel, _linear_meta, _linear_rule)
-
-
-def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``input @ weight.T + bias`` as one op (one kernel forward, one fused rule backward).
-
-    Args:
-        input: ``(*, in_features)``.
-        weight: ``(out_features, in_features)``.
-        bias: ``(out_features,)`` or None.
-    """
-    return apply(OP_LINEAR, (input, weight, bias))
 
 
 def relu(input: Tensor, inplace: bool = False) -> Tensor:
@@ -293,79 +241,6 @@ def huber_loss(
     ad = _ops.abs(d)
     loss = _ops.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)
     return weighted_loss(loss, weight, input, reduction, False)
-
-
-def _bce_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    if tuple(t.shape) != tuple(x.shape):
-        raise OpError(f"binary_cross_entropy: target {tuple(t.shape)} and input {tuple(x.shape)} differ")
-    if w is not None:
-        np.broadcast_shapes(tuple(w.shape), tuple(x.shape))
-    return tuple(x.shape), x.dtype
-
-
-def _bce_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.ndarray:
-    if x.size and (np.any(x < 0) or np.any(x > 1) or np.any(np.isnan(x))):
-        raise RuntimeError("all elements of input should be between 0 and 1")
-    with np.errstate(divide="ignore"):
-        lx = np.maximum(np.log(x), -100)
-        l1x = np.maximum(np.log(1 - x), -100)
-    loss = -(t * lx + (1 - t) * l1x)
-    if w is not None:
-        loss = loss * w
-    return np.asarray(loss, x.dtype)
-
-
-def _bce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
-    x, t, w = args
-    gw = g if w is None else g * w
-    gx = gt = None
-    if needs[0]:  # torch: grad * (x - t) / max(x (1 - x), 1e-12)
-        d = x * (1 - x)
-        small = xp.value(d) < 1e-12
-        gx = gw * (x - t) / xp.where(small, 1e-12, d)
-    if needs[1]:  # torch: grad * (clamp(log(1 - x), -100) - clamp(log(x), -100))
-        xv = xp.value(x)
-        with np.errstate(divide="ignore"):
-            lo = np.log(xv) < -100
-            hi = np.log(1 - xv) < -100
-        lx = xp.where(lo, -100.0, xp.log(xp.where(lo, 1.0, x)))
-        l1x = xp.where(hi, -100.0, xp.log(xp.where(hi, 1.0, 1 - x)))
-        gt = gw * (l1x - lx)
-    return (gx, gt, None)
-
-
-OP_BCE = defop("binary_cross_entropy", _bce_kernel, _bce_meta, _bce_rule)
-
-
-def binary_cross_entropy(
-    input: Tensor,
-    target: Any,
-    weight: Tensor | None = None,
-    size_average: Any = None,
-    reduce: Any = None,
-    reduction: str = "mean",
-) -> Tensor:
-    """Binary cross entropy of probabilities ``input`` in [0, 1] (each log is clamped at -100, as torch).
-
-    Args:
-        input: Probabilities.
-        target: Same shape as ``input``, values in [0, 1]; differentiable.
-        weight: Rescales each element's loss (broadcast to ``input``; not differentiated).
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-    """
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    if input.dtype.kind not in "fc":
-        raise OpError(f"binary_cross_entropy: expected a floating point input, got dtype {input.dtype}")
-    if not isinstance(target, Tensor):
-        target = _runtime.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
-    if tuple(target.shape) != tuple(input.shape):
-        raise ValueError(
-            f"Using a target size ({tuple(target.shape)}) that is different to the input size "
-            f"({tuple(input.shape)}) is deprecated. Please ensure they have the same size."
-        )
-    if weight is not None:
-        weight = weight.detach()
-    return reduce_loss(apply(OP_BCE, (input, target, weight)), reduction)
 
 
 def _xlogy_self(t: Tensor) -> Tensor:

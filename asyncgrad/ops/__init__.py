@@ -21,9 +21,10 @@ rule namespaces (`runtime.register_xp`); `asyncgrad._tensor_methods` binds them 
     _loss         cross_entropy, nll_loss, mse_loss, binary_cross_entropy_with_logits
 """
 
-from ._attention import scaled_dot_product_attention
+from ._attention import scaled_dot_product_attention as scaled_dot_product_attention
 from ._conv import avg_pool2d, conv2d, max_pool2d
-from ._conv_transpose import conv1d, conv_transpose1d, conv_transpose2d, conv_transpose_output_padding
+from ._conv_transpose import conv1d, conv_transpose1d, conv_transpose2d
+from ._conv_transpose import conv_transpose_output_padding as conv_transpose_output_padding
 from ._convert import astype, clone
 from ._elementwise import (
     abs,
@@ -61,6 +62,10 @@ from ._elementwise import (
 )
 from ._index import gather, getitem, index_select, scatter, scatter_add
 from ._linalg import addmm, bmm, dot, einsum, matmul, mm, outer
+
+# nn.functional's names, not torch's top level
+from ._linalg import linear as linear
+from ._loss import binary_cross_entropy as binary_cross_entropy
 from ._loss import binary_cross_entropy_with_logits, clip, cross_entropy, mse_loss, nll_loss
 
 # helpers nn.functional's losses share with these (not exported at the top level)
@@ -92,7 +97,8 @@ from ._math import (
 )
 from ._nn import dropout, embedding, gelu, layer_norm, log_softmax, softmax
 from ._random import multinomial
-from ._recurrent import RECURRENT_MODES, recurrent_layer
+from ._recurrent import RECURRENT_MODES as RECURRENT_MODES  # for nn's recurrent layers
+from ._recurrent import recurrent_layer as recurrent_layer
 from ._reduce import (
     MaxResult,
     all,
@@ -112,7 +118,9 @@ from ._reduce import (
     sum,
     var,
 )
-from ._resample import adaptive_avg_pool1d, adaptive_avg_pool2d, group_norm, interpolate
+from ._resample import adaptive_avg_pool1d, group_norm
+from ._resample import adaptive_avg_pool2d as adaptive_avg_pool2d  # nn.functional's names, not torch's top level
+from ._resample import interpolate as interpolate
 from ._shape import (
     broadcast_to,
     cat,
@@ -149,21 +157,11 @@ from ._shape import (
 from ._sort import SortResult, TopkResult, argsort, argwhere, masked_select, nonzero, sort, topk
 
 __all__ = [
-    "RECURRENT_MODES",
-    "adaptive_avg_pool1d",
-    "adaptive_avg_pool2d",
-    "conv1d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "conv_transpose_output_padding",
-    "group_norm",
-    "interpolate",
-    "recurrent_layer",
-    "scaled_dot_product_attention",
     "MaxResult",
     "SortResult",
     "TopkResult",
     "abs",
+    "adaptive_avg_pool1d",
     "add",
     "addcdiv",
     "addcmul",
@@ -191,7 +189,10 @@ __all__ = [
     "clip",
     "clone",
     "concat",
+    "conv1d",
     "conv2d",
+    "conv_transpose1d",
+    "conv_transpose2d",
     "cos",
     "cross_entropy",
     "cumsum",
@@ -219,6 +220,7 @@ __all__ = [
     "getitem",
     "greater",
     "greater_equal",
+    "group_norm",
     "gt",
     "index_select",
     "isfinite",

@@ -358,3 +358,61 @@ def ag_einsum(eq: str, *ops: Tensor) -> Tensor:
 # the rule namespaces' products (see `runtime._xp`): the numpy side is the lane-aware kernel
 register_xp("matmul", matmul_kernel, matmul)
 register_xp("einsum", np_einsum, ag_einsum)
+
+
+def _linear_meta(x: Any, w: Any, b: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if x.ndim < 1 or w.ndim != 2 or x.shape[-1] != w.shape[1]:
+        raise OpError(
+            f"linear: input of shape {tuple(x.shape)} and weight of shape {tuple(w.shape)} do not fit: "
+            "expected input (*, in_features) and weight (out_features, in_features)"
+        )
+    if b is not None and tuple(b.shape) != (w.shape[0],):
+        raise OpError(f"linear: bias of shape {tuple(b.shape)} must be ({w.shape[0]},)")
+    for name, t in (("input", x), ("bias", b)):
+        if t is not None and t.dtype != w.dtype:  # PyTorch does not promote here either
+            raise OpError(
+                f"linear: {name} has dtype {t.dtype} but the weight has {w.dtype}; they must match "
+                "(convert the input with .to(dtype), or the module with .to(dtype) / .double())"
+            )
+    return (*x.shape[:-1], w.shape[0]), np.dtype(w.dtype)
+
+
+
+def _linear_kernel(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    out = np.matmul(x, w.T)
+    if b is not None:
+        out += b
+    return out
+
+
+
+def _linear_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    x, w, _ = args
+    n_out, n_in = w.shape
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    gx = gw = gb = None
+    g2 = xp.reshape(g, (rows, n_out))
+    if needs[0]:
+        gx = xp.matmul(g, w)
+    if needs[1]:
+        # (out, rows) @ (rows, in): a fresh C-contiguous array, so AccumulateGrad can steal it
+        gw = xp.matmul(xp.swapaxes(g2, 0, 1), xp.reshape(x, (rows, n_in)))
+    if needs[2]:
+        gb = xp.sum(g2, 0)
+    return (gx, gw, gb)
+
+
+
+OP_LINEAR = defop("linear", _linear_kernel, _linear_meta, _linear_rule)
+
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``input @ weight.T + bias`` as one op (one kernel forward, one fused rule backward).
+
+    Args:
+        input: ``(*, in_features)``.
+        weight: ``(out_features, in_features)``.
+        bias: ``(out_features,)`` or None.
+    """
+    return apply(OP_LINEAR, (input, weight, bias))

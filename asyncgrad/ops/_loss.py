@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime._dispatch import apply
+from ..runtime._factories import tensor
 from ..runtime._meta import _float_check, _index_arg, broadcast_shapes
 from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
@@ -468,3 +469,80 @@ def binary_cross_entropy_with_logits(
 
 
 # ---- Tensor methods ------------------------------------------------------------------------------------
+
+
+def _bce_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    if tuple(t.shape) != tuple(x.shape):
+        raise OpError(f"binary_cross_entropy: target {tuple(t.shape)} and input {tuple(x.shape)} differ")
+    if w is not None:
+        np.broadcast_shapes(tuple(w.shape), tuple(x.shape))
+    return tuple(x.shape), x.dtype
+
+
+
+def _bce_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    if x.size and (np.any(x < 0) or np.any(x > 1) or np.any(np.isnan(x))):
+        raise RuntimeError("all elements of input should be between 0 and 1")
+    with np.errstate(divide="ignore"):
+        lx = np.maximum(np.log(x), -100)
+        l1x = np.maximum(np.log(1 - x), -100)
+    loss = -(t * lx + (1 - t) * l1x)
+    if w is not None:
+        loss = loss * w
+    return np.asarray(loss, x.dtype)
+
+
+
+def _bce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    x, t, w = args
+    gw = g if w is None else g * w
+    gx = gt = None
+    if needs[0]:  # torch: grad * (x - t) / max(x (1 - x), 1e-12)
+        d = x * (1 - x)
+        small = xp.value(d) < 1e-12
+        gx = gw * (x - t) / xp.where(small, 1e-12, d)
+    if needs[1]:  # torch: grad * (clamp(log(1 - x), -100) - clamp(log(x), -100))
+        xv = xp.value(x)
+        with np.errstate(divide="ignore"):
+            lo = np.log(xv) < -100
+            hi = np.log(1 - xv) < -100
+        lx = xp.where(lo, -100.0, xp.log(xp.where(lo, 1.0, x)))
+        l1x = xp.where(hi, -100.0, xp.log(xp.where(hi, 1.0, 1 - x)))
+        gt = gw * (l1x - lx)
+    return (gx, gt, None)
+
+
+
+OP_BCE = defop("binary_cross_entropy", _bce_kernel, _bce_meta, _bce_rule)
+
+
+
+def binary_cross_entropy(
+    input: Tensor,
+    target: Any,
+    weight: Tensor | None = None,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Binary cross entropy of probabilities ``input`` in [0, 1] (each log is clamped at -100, as torch).
+
+    Args:
+        input: Probabilities.
+        target: Same shape as ``input``, values in [0, 1]; differentiable.
+        weight: Rescales each element's loss (broadcast to ``input``; not differentiated).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+    """
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if input.dtype.kind not in "fc":
+        raise OpError(f"binary_cross_entropy: expected a floating point input, got dtype {input.dtype}")
+    if not isinstance(target, Tensor):
+        target = tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(
+            f"Using a target size ({tuple(target.shape)}) that is different to the input size "
+            f"({tuple(input.shape)}) is deprecated. Please ensure they have the same size."
+        )
+    if weight is not None:
+        weight = weight.detach()
+    return reduce_loss(apply(OP_BCE, (input, target, weight)), reduction)

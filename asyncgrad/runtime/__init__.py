@@ -5,15 +5,18 @@ The layers above build on these names: `asyncgrad.ops` registers its ops into th
 the rule namespaces (`register_xp`), `asyncgrad.autograd` runs the graph of `Node`s that `apply` records.
 """
 
-from ._dispatch import apply, apply1, apply2, wait_for
-from ._external import stream_work, submit_on
+from ._dispatch import apply
+
+# for the layers above (nn's hooks, optim's in-place updates, distributed's comm streams); not in __all__, so
+# not re-exported at the top level
+from ._external import stream_work as stream_work
+from ._external import submit_on as submit_on
 from ._factories import (
     arange,
     default_generator,
     empty,
     empty_like,
     eye,
-    fork_default_generator,
     from_numpy,
     full,
     full_like,
@@ -34,22 +37,22 @@ from ._factories import (
     zeros_like,
 )
 from ._grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
-from ._hooks import HookTable, RemovableHandle, add_hook
-from ._inplace import inplace
+from ._hooks import HookTable as HookTable
+from ._hooks import RemovableHandle
+from ._hooks import add_hook as add_hook
+from ._inplace import inplace as inplace
 from ._layout import empty_like_contract, is_dense_nonoverlapping, obeys_contract
-from ._node import AccumulateGradView, Node, OpNode, edges_of
+from ._node import Node, OpNode
 from ._op import OPS, Op, OpError, defop
 from ._runtime import (
     NoRuntimeError,
     Runtime,
     RuntimeStatistics,
     current_runtime,
-    current_stream,
     open_runtime,
     run,
 )
-from ._tensor import Tensor, is_ready, share_version
-from ._xp import AG, NP, register_xp, sum_to
+from ._tensor import Tensor
 
 
 def is_tensor(obj: object) -> bool:
@@ -63,11 +66,7 @@ def numel(t: Tensor) -> int:
 
 
 __all__ = [
-    "AG",
-    "NP",
     "OPS",
-    "AccumulateGradView",
-    "HookTable",
     "NoRuntimeError",
     "Node",
     "Op",
@@ -77,31 +76,23 @@ __all__ = [
     "Runtime",
     "RuntimeStatistics",
     "Tensor",
-    "add_hook",
     "apply",
-    "apply1",
-    "apply2",
     "arange",
     "current_runtime",
-    "current_stream",
     "default_generator",
     "defop",
-    "edges_of",
     "empty",
     "empty_like",
     "empty_like_contract",
     "enable_grad",
     "eye",
-    "fork_default_generator",
     "from_numpy",
     "full",
     "full_like",
     "get_default_dtype",
     "inference_mode",
-    "inplace",
     "is_dense_nonoverlapping",
     "is_grad_enabled",
-    "is_ready",
     "is_tensor",
     "linspace",
     "manual_seed",
@@ -117,16 +108,10 @@ __all__ = [
     "randint",
     "randn",
     "randn_like",
-    "register_xp",
     "run",
     "set_default_dtype",
     "set_grad_enabled",
-    "share_version",
-    "stream_work",
-    "submit_on",
-    "sum_to",
     "tensor",
-    "wait_for",
     "zeros",
     "zeros_like",
 ]
