@@ -16,16 +16,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+# the checkout whose asyncgrad the benchmarks import: this one, or another one for `--compare-with`
+ROOT = os.environ.get("ASYNCGRAD_BENCH_ROOT") or os.path.dirname(HERE)
 CHILD = os.path.join(HERE, "_child.py")
 RESULT_MARK = "@@BENCH-RESULT "
 
 
 def ensure_paths() -> None:
-    """Make the checkout's `asyncgrad` and the benchmark modules importable (no install needed)."""
-    for p in (HERE, ROOT):
-        if p not in sys.path:
-            sys.path.insert(0 if p == HERE else 1, p)
+    """Make the checkout's `asyncgrad` and the benchmark modules importable (no install needed); the
+    checkout goes first, ahead of an installed (or editable) asyncgrad."""
+    for p in (ROOT, HERE):
+        if p in sys.path:
+            sys.path.remove(p)
+        sys.path.insert(0, p)
 
 
 ensure_paths()
@@ -266,8 +269,12 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # ---- child processes (fresh interpreters for peak RSS, threads, crashes) --------------------------
 
 
-def run_child(module: str, func: str, kwargs: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+def run_child(
+    module: str, func: str, kwargs: dict[str, Any], *, timeout: float, root: str | None = None
+) -> dict[str, Any]:
     """Run ``module.func(**kwargs)`` in a fresh interpreter; return its JSON result or an error dict.
+
+    ``root``: the checkout whose asyncgrad the child imports (default: this one).
 
     The child prints its result as one marked JSON line; a crash, a timeout or a missing line gives
     ``{"error": ...}`` with the tail of its stderr.
@@ -275,7 +282,8 @@ def run_child(module: str, func: str, kwargs: dict[str, Any], *, timeout: float)
     cmd = [sys.executable, CHILD, module, func, json.dumps(kwargs)]
     t = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        env = dict(os.environ, ASYNCGRAD_BENCH_ROOT=root or ROOT)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=root or ROOT, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t}
     for line in reversed(p.stdout.splitlines()):

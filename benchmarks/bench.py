@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("workloads", nargs="*", metavar="W", help="workloads to run: W1..W5, W7 (default: all)")
     ap.add_argument("--quick", action="store_true", help="fewer repeats and smaller sizes (~2 min for all)")
     ap.add_argument("--json", metavar="PATH", help="also write every figure to this JSON file")
+    ap.add_argument("--compare-with", metavar="DIR", help="W1/W2 only: asyncgrad of this checkout against "
+                    "the one in DIR (another checkout), in alternating fresh interpreters")
     ap.add_argument("--depth", type=int, default=None, help="W4 depth (default 100000; 10000 with --quick)")
     args = ap.parse_args(argv)
     chosen = [w.upper() for w in args.workloads] or list(WORKLOADS)
@@ -46,6 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown workload(s) {bad}; choose from {list(WORKLOADS)}")
 
+    if args.compare_with:
+        import _compare
+
+        say("asyncgrad benchmarks: new against old code" + (" (--quick)" if args.quick else ""))
+        for line in env_lines():
+            say("  " + line)
+        picked = [w for w in chosen if w in ("W1", "W2")] or ["W1", "W2"]
+        res = _compare.run(args.compare_with, picked, quick=args.quick)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1, default=str)
+        return 0
     say("asyncgrad benchmarks" + (" (--quick)" if args.quick else ""))
     env = [*env_lines(), steady_malloc()]
     for line in env:
