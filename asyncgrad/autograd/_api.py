@@ -2,10 +2,10 @@
 
 Where the pass runs depends on the task that awaits it (`Pass.__await__`): a top-level pass right in
 the caller's task; a pass awaited by a backward function of a pass in the same task on that task's
-trampoline (`_engine._Trampoline`: no task spawn, no Python stack per level); a pass awaited from another
+trampoline (`_trampoline._Trampoline`: no task spawn, no Python stack per level); a pass awaited from another
 task (a backward function's own nursery) as a task of the runtime's nursery. The caller's cancellation
 cancels the pass and every pass nested in it; its errors come back to the caller. Gradients reach
-`.grad` only after the pass succeeded (through the leaves' owners, see `_registry`).
+`.grad` only after the pass succeeded (through the leaves' owners, see `_leaf_owner`).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Pass(GraphTask):
     * A top-level pass (not awaited from inside another pass's backward function) runs right in the
       caller's task: nothing nests there.
     * A pass awaited by a backward function of a pass in this same task runs on the task's trampoline
-      (`_engine._drive`): in the same task, with no task spawn, and cancelled with its caller.
+      (`_trampoline._drive`): in the same task, with no task spawn, and cancelled with its caller.
     * A pass awaited from another task while a pass is running (a backward function that starts passes
       in its own nursery) runs as a task of the runtime's nursery, on the caller's streams.
     """

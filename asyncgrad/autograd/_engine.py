@@ -7,7 +7,7 @@ device's apply lock; the lock (and the event loop) is given back on a time budge
 trampoline of the task that awaits it (`_Trampoline`), so depth costs two suspended coroutines and a few
 objects per level, never Python stack. An async node is entered by one pass at a time (the
 no-reentrant-apply invariant). Leaf gradients are staged and handed to their
-owners (`_registry`) only when the whole pass succeeded.
+owners (`_leaf_owner`) only when the whole pass succeeded.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..runtime import _grad_mode
 from ..runtime._node import Node, OpNode
 from ..runtime._runtime import current_stream
 from ..runtime._tensor import Tensor
-from ._hooks import call_hook, check_hook_grad, check_hook_grads, run_post_hooks
+from ._hooks import run_post_hooks, run_pre_hooks
 from ._run_node import (
     apply_function,
     apply_op_graph,
@@ -58,8 +58,8 @@ class GraphTask(NestedPass):
     """One backward pass: its state, the coroutine that runs it, and the awaitable that callers await.
 
     The state is owned by the trio task that runs the pass and shared with nobody. `backward()` and
-    `grad()` return the graph task itself (as `_autograd.Pass`): awaiting it runs ``coro`` (`run`) where
-    the awaiting task is (see `_autograd.Pass.__await__`); a pass nested on this task's trampoline is
+    `grad()` return the graph task itself (as `_api.Pass`): awaiting it runs ``coro`` (`run`) where
+    the awaiting task is (see `_api.Pass.__await__`); a pass nested on this task's trampoline is
     awaited as a plain iterator that hands itself to `_drive` (one object per nested pass besides its
     coroutine).
     """
@@ -266,7 +266,7 @@ class GraphTask(NestedPass):
             gins = None
             if gouts is not None and (gouts[0] is not None or any(g is not None for g in gouts)):
                 if node._hooked or targets is not None:
-                    gouts = self._pre(node, gouts)
+                    gouts = run_pre_hooks(self, node, gouts)
                 if runs is None or node in runs:
                     if not node.is_async:
                         gins = self._run_plain(node, gouts, task_stream)
@@ -442,35 +442,6 @@ class GraphTask(NestedPass):
             staged[id(leaf)] = [leaf, g]
         else:
             entry[1] = entry[1] + g
-
-    def _pre(self, node: Node, gouts: list[Any]) -> list[Any]:
-        """Tensor hooks, node pre-hooks, retain_grad and capture, in PyTorch's order."""
-        tph = node._tensor_pre_hooks
-        if tph:
-            for nr, table in tph.items():
-                for fn in list(table.values()):
-                    r = call_hook(fn, node, gouts[nr])
-                    if r is not None:
-                        gouts[nr] = check_hook_grad(node, gouts[nr], r)
-        if node._retained:
-            for nr, ref in node._retained.items():
-                t = ref()
-                if t is not None and gouts[nr] is not None:
-                    if self.retained is None:
-                        self.retained = []
-                    self.retained.append((t, gouts[nr]))
-        if node._pre_hooks:
-            for fn in list(node._pre_hooks.values()):
-                r = call_hook(fn, node, tuple(gouts))
-                if r is not None:
-                    gouts = check_hook_grads(node, "pre-hook", gouts, r)
-        if self.targets is not None:
-            for nr in range(len(gouts)):
-                if (node, nr) in self.targets and gouts[nr] is not None:
-                    if self.capture is None:
-                        self.capture = {}
-                    self.capture[(node, nr)] = gouts[nr]
-        return gouts
 
 
 def _topo(order: list[Node], deps: dict[Node, int]) -> list[Node]:

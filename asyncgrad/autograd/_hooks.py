@@ -77,3 +77,34 @@ def check_hook_grads(node: Node, kind: str, old: list[Any], new: Any) -> list[An
                 "return None or Tensors of the same shapes"
             )
     return new
+
+
+def run_pre_hooks(task: Any, node: Node, gouts: list[Any]) -> list[Any]:
+    """What runs before ``node`` in pass ``task``, in PyTorch's order: tensor hooks, then retain_grad and node
+    pre-hooks; then the pass captures the gradients of its `grad()` inputs that are non-leaves."""
+    tph = node._tensor_pre_hooks
+    if tph:
+        for nr, table in tph.items():
+            for fn in list(table.values()):
+                r = call_hook(fn, node, gouts[nr])
+                if r is not None:
+                    gouts[nr] = check_hook_grad(node, gouts[nr], r)
+    if node._retained:
+        for nr, ref in node._retained.items():
+            t = ref()
+            if t is not None and gouts[nr] is not None:
+                if task.retained is None:
+                    task.retained = []
+                task.retained.append((t, gouts[nr]))
+    if node._pre_hooks:
+        for fn in list(node._pre_hooks.values()):
+            r = call_hook(fn, node, tuple(gouts))
+            if r is not None:
+                gouts = check_hook_grads(node, "pre-hook", gouts, r)
+    if task.targets is not None:
+        for nr in range(len(gouts)):
+            if (node, nr) in task.targets and gouts[nr] is not None:
+                if task.capture is None:
+                    task.capture = {}
+                task.capture[(node, nr)] = gouts[nr]
+    return gouts

@@ -136,7 +136,7 @@ class Runtime:
         self.grads_accumulated = 0
         self.closed = False
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by open_runtime
-        self.owners: dict[Any, Any] = {}  # stream -> LeafOwner (see _registry)
+        self.owners: dict[Any, Any] = {}  # stream -> LeafOwner (see autograd._leaf_owner)
 
     def device(self, spec: Any) -> Device:
         """Resolve a device name ("cpu", "cpu:1", "cuda") or object to this runtime's device."""
