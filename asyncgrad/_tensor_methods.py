@@ -335,7 +335,7 @@ def bind() -> None:
         setattr(Tensor, name, fn)
     Tensor.__new__ = staticmethod(new)  # type: ignore[assignment]
     Tensor.__init__ = _init  # type: ignore[method-assign]
-    Tensor.data = property(_data, Tensor._set_data)  # type: ignore[assignment,method-assign]
+    Tensor.data = property(_data, Tensor._set_data)  # type: ignore[attr-defined]
 
 
 bind()

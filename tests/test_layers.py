@@ -215,6 +215,18 @@ def test_no_function_level_import_of_asyncgrad_modules() -> None:
     assert Graph().nested_imports() == []
 
 
+def test_every_op_is_defined_in_an_op_family() -> None:
+    """``defop`` is called only in ``asyncgrad/ops/``: one file per family holds every op's kernel and rule."""
+    outside = []
+    for mod, path in Graph().modules.items():
+        if mod.startswith("asyncgrad.ops"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "defop":
+                outside.append(f"{mod}:{node.lineno}")
+    assert outside == []
+
+
 def test_every_module_has_a_layer() -> None:
     for mod in Graph().modules:
         _layer_of(mod)

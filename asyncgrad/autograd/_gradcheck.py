@@ -243,12 +243,12 @@ async def gradgradcheck(
                 us = [rng.standard_normal(a.shape) for a in arrays]
                 hp = await h([a + eps * u for a, u in zip(arrays, us)])
                 hm = await h([a - eps * u for a, u in zip(arrays, us)])
-                numeric = (hp - hm) / (2 * eps)
+                slope = (hp - hm) / (2 * eps)
                 analytic = sum(float(np.sum(g * u)) for g, u in zip(dense, us))
-                if not np.isclose(analytic, numeric, rtol=rtol, atol=atol):
+                if not np.isclose(analytic, slope, rtol=rtol, atol=atol):
                     raise GradcheckError(
                         f"gradgradcheck: the second derivative along random direction {k} is {analytic!r} "
-                        f"analytically and {numeric!r} numerically (rtol={rtol}, atol={atol})"
+                        f"analytically and {slope!r} numerically (rtol={rtol}, atol={atol})"
                     )
     except GradcheckError:
         if raise_exception:

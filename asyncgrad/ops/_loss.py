@@ -471,7 +471,7 @@ def binary_cross_entropy_with_logits(
 # ---- Tensor methods ------------------------------------------------------------------------------------
 
 
-def _bce_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+def _bce_prob_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
     if tuple(t.shape) != tuple(x.shape):
         raise OpError(f"binary_cross_entropy: target {tuple(t.shape)} and input {tuple(x.shape)} differ")
     if w is not None:
@@ -480,7 +480,7 @@ def _bce_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
 
 
 
-def _bce_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+def _bce_prob_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.ndarray:
     if x.size and (np.any(x < 0) or np.any(x > 1) or np.any(np.isnan(x))):
         raise RuntimeError("all elements of input should be between 0 and 1")
     with np.errstate(divide="ignore"):
@@ -493,7 +493,7 @@ def _bce_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.ndarra
 
 
 
-def _bce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+def _bce_prob_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     x, t, w = args
     gw = g if w is None else g * w
     gx = gt = None
@@ -513,7 +513,7 @@ def _bce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
 
 
 
-OP_BCE = defop("binary_cross_entropy", _bce_kernel, _bce_meta, _bce_rule)
+OP_BCE = defop("binary_cross_entropy", _bce_prob_kernel, _bce_prob_meta, _bce_prob_rule)
 
 
 

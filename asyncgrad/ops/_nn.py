@@ -10,8 +10,8 @@ import numpy as np
 from ..runtime._dispatch import apply
 from ..runtime._factories import default_generator
 from ..runtime._inplace import inplace
-from ..runtime._meta import _float_check, _index_arg, _value, broadcast_shapes
 from ..runtime._op import OpError, defop
+from ..runtime._meta import _float_check, _index_arg, _value, broadcast_shapes
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP
 from ._math import _erf
@@ -30,7 +30,7 @@ def _log_softmax_kernel(a: np.ndarray, axis: int) -> np.ndarray:
     return z
 
 
-def _meta(a: Tensor, axis: int) -> tuple[tuple[int, ...], np.dtype[Any]]:
+def _softmax_meta(a: Tensor, axis: int) -> tuple[tuple[int, ...], np.dtype[Any]]:
     if a._dtype.kind not in "fc":
         raise OpError(f"softmax: input dtype {a._dtype} is not floating point")
     return a._shape, a._dtype
@@ -46,8 +46,8 @@ def _log_softmax_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any)
     return (g - xp.exp(out) * xp.sum(g, ax, True),)
 
 
-OP_SOFTMAX = defop("softmax", _softmax_kernel, _meta, _softmax_rule, save_out=True)
-OP_LOG_SOFTMAX = defop("log_softmax", _log_softmax_kernel, _meta, _log_softmax_rule, save_out=True)
+OP_SOFTMAX = defop("softmax", _softmax_kernel, _softmax_meta, _softmax_rule, save_out=True)
+OP_LOG_SOFTMAX = defop("log_softmax", _log_softmax_kernel, _softmax_meta, _log_softmax_rule, save_out=True)
 
 
 def _axis(op: str, x: Tensor, dim: int) -> int:
@@ -295,7 +295,7 @@ def _gelu_second(xp: Any, a: Any, approximate: str) -> Any:
     return pdf * (2.0 - a * a)
 
 
-def _meta(a: Tensor, approximate: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+def _gelu_meta(a: Tensor, approximate: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
     if a._dtype.kind not in "fc":
         raise OpError(f"gelu: input dtype {a._dtype} is not floating point")
     return a._shape, a._dtype
@@ -323,7 +323,7 @@ def _gelu_backward_rule(xp: Any, gg: Any, args: Any, out: Any, kw: Any, needs: A
     return (dg, da)
 
 
-OP_GELU = defop("gelu", _gelu_kernel, _meta, _gelu_rule)
+OP_GELU = defop("gelu", _gelu_kernel, _gelu_meta, _gelu_rule)
 OP_GELU_BACKWARD = defop("gelu_backward", _gelu_grad_kernel, _bwd_meta, _gelu_backward_rule)
 
 

@@ -361,10 +361,6 @@ def _var_meta(x: Tensor, axis: Any, keepdims: bool, correction: float) -> Any:
     return _reduced_shape(x.shape, axis, keepdims), x.dtype
 
 
-def _count(shape: tuple[int, ...], axis: Any) -> int:
-    return math.prod(shape) if axis is None else math.prod(shape[i] for i in axis)
-
-
 def _var_kernel(x: np.ndarray, axis: Any, keepdims: bool, correction: float) -> np.ndarray:
     n = _count(x.shape, axis)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -113,7 +113,7 @@ def apply1(op: Op, a: Any) -> Any:
     data = a._data
     if (
         is_ready(a)
-        and data.size <= INLINE_MAX_ELEMENTS
+        and data.size <= INLINE_MAX_ELEMENTS  # type: ignore[union-attr]  # is_ready: an array
         and (op.any_kind or a._dtype in op.fast_dtypes)  # else the meta decides (sqrt of an int: float32)
     ):
         out = Tensor._wrap(op.kernel(data), a._dev)
@@ -144,7 +144,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 and a._dev is b._dev
                 and is_ready(a)
                 and is_ready(b)
-                and a._data.size <= INLINE_MAX_ELEMENTS
+                and a._data.size <= INLINE_MAX_ELEMENTS  # type: ignore[union-attr]
             ):
                 out = T._wrap(op.kernel(a._data, b._data), a._dev)
                 if (a._rg or b._rg) and op.rule is not None and _grad_mode._grad_enabled.get():
@@ -156,7 +156,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
         elif type(b) in _SCALARS:
             if (
                 is_ready(a)
-                and a._data.size <= INLINE_MAX_ELEMENTS
+                and a._data.size <= INLINE_MAX_ELEMENTS  # type: ignore[union-attr]
                 and (a._dtype in _FLOAT_DTYPES or _scalar_fast(op, a._dtype.kind, b))
             ):
                 out = T._wrap(op.kernel(a._data, b), a._dev)
@@ -169,7 +169,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
     elif type(b) is T and type(a) in _SCALARS:
         if (
             is_ready(b)
-            and b._data.size <= INLINE_MAX_ELEMENTS
+            and b._data.size <= INLINE_MAX_ELEMENTS  # type: ignore[union-attr]
             and (b._dtype in _FLOAT_DTYPES or _scalar_fast(op, b._dtype.kind, a))
         ):
             out = T._wrap(op.kernel(a, b._data), b._dev)

@@ -393,7 +393,7 @@ class Tensor:
 
     # ---- copies (copy.copy / copy.deepcopy, as PyTorch's) and CUDA-port names ------------------------------
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+    def __deepcopy__(self, memo: dict[builtins.int, Any]) -> Tensor:
         if self._grad_fn is not None:
             raise RuntimeError(_DEEPCOPY_NONLEAF)
         done = memo.get(id(self))
@@ -483,7 +483,7 @@ _DEEPCOPY_NONLEAF = (
 _COPIED_PRIVATE = frozenset({"_is_param"})
 
 
-def _copy_extras(src: Tensor, dst: Tensor, memo: dict[int, Any] | None) -> None:
+def _copy_extras(src: Tensor, dst: Tensor, memo: dict[builtins.int, Any] | None) -> None:
     for k, v in src.__dict__.items():
         if k in _COPIED_PRIVATE or not k.startswith("_"):
             dst.__dict__[k] = v if memo is None else copy.deepcopy(v, memo)
