@@ -25,7 +25,7 @@ from ..ops import (
 )
 from ..runtime import Tensor
 from . import init
-from ._layers import _add_conv_params, _init_conv_, _new_param
+from ._layers import _add_conv_params, _conv_extra_repr, _init_conv_, _new_param
 from ._module import Module
 
 __all__ = [
@@ -114,18 +114,8 @@ class _ConvNd(Module):
         _init_conv_(self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0,) * self._nd:
-            s += f", padding={self.padding}"
-        if self.dilation != (1,) * self._nd:
-            s += f", dilation={self.dilation}"
-        if self.output_padding != (0,) * self._nd:
-            s += f", output_padding={self.output_padding}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
-        if self.bias is None:
-            s += ", bias=False"
-        return s
+        zeros, ones = (0,) * self._nd, (1,) * self._nd
+        return _conv_extra_repr(self, {"padding": (zeros,), "dilation": (ones,), "output_padding": (zeros,)})
 
 
 class Conv1d(_ConvNd):

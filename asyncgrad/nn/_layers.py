@@ -76,6 +76,21 @@ def _init_conv_(weight: Tensor, bias: Tensor | None) -> None:
             init.uniform_(bias, -bound, bound)
 
 
+def _conv_extra_repr(m: Module, defaults: dict[str, tuple[Any, ...]]) -> str:
+    """PyTorch's repr of a convolution: channels, kernel size and stride, then each attribute named in
+    ``defaults`` that is at none of its default values, then ``groups`` and ``bias=False`` where they apply."""
+    s = f"{m.in_channels}, {m.out_channels}, kernel_size={m.kernel_size}, stride={m.stride}"
+    for name, values in defaults.items():
+        v = getattr(m, name)
+        if v not in values:
+            s += f", {name}={v}"
+    if m.groups != 1:
+        s += f", groups={m.groups}"
+    if m.bias is None:
+        s += ", bias=False"
+    return s
+
+
 def _new_param(shape: Sequence[int], dtype: Any, device: Any) -> Tensor:
     dt = get_default_dtype() if dtype is None else np.dtype(dtype)
     t = runtime.tensor(np.zeros(tuple(shape), dtype=dt), dtype=dt, device="cpu" if device is None else device)
@@ -636,16 +651,7 @@ class Conv2d(Module):
         return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding not in ((0, 0), "valid"):
-            s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
-            s += f", dilation={self.dilation}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
-        if self.bias is None:
-            s += ", bias=False"
-        return s
+        return _conv_extra_repr(self, {"padding": ((0, 0), "valid"), "dilation": ((1, 1),)})
 
 
 class MaxPool2d(Module):

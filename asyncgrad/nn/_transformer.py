@@ -438,11 +438,22 @@ class TransformerDecoderLayer(_TransformerLayer):
         return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))  # type: ignore[no-any-return]
 
 
-def _clones(module: Module, n: int) -> ModuleList:
-    return ModuleList([copy.deepcopy(module) for _ in range(n)])
+class _LayerStack(Module):
+    """What the encoder and decoder stacks share: ``num_layers`` deep copies of a layer, an optional final norm."""
+
+    def __init__(self, layer: Module, num_layers: int, norm: Module | None) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"{type(self).__name__}: num_layers must be at least 1, got {num_layers}")
+        self.layers = ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def _final_norm(self, out: Tensor) -> Tensor:
+        return out if self.norm is None else self.norm(out)  # type: ignore[no-any-return]
 
 
-class TransformerEncoder(Module):
+class TransformerEncoder(_LayerStack):
     """A stack of ``num_layers`` deep copies of ``encoder_layer`` (PyTorch's ``nn.TransformerEncoder``).
 
     Args:
@@ -461,12 +472,7 @@ class TransformerEncoder(Module):
         enable_nested_tensor: bool = True,
         mask_check: bool = True,
     ) -> None:
-        super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"TransformerEncoder: num_layers must be at least 1, got {num_layers}")
-        self.layers = _clones(encoder_layer, num_layers)
-        self.num_layers = num_layers
-        self.norm = norm
+        super().__init__(encoder_layer, num_layers, norm)
         self.enable_nested_tensor = enable_nested_tensor
         self.mask_check = mask_check
 
@@ -482,21 +488,14 @@ class TransformerEncoder(Module):
         causal = bool(is_causal) and mask is not None
         for mod in self.layers:
             out = mod(out, src_mask=mask, is_causal=causal, src_key_padding_mask=src_key_padding_mask)
-        if self.norm is not None:
-            out = self.norm(out)
-        return out
+        return self._final_norm(out)
 
 
-class TransformerDecoder(Module):
+class TransformerDecoder(_LayerStack):
     """A stack of ``num_layers`` deep copies of ``decoder_layer`` (PyTorch's ``nn.TransformerDecoder``)."""
 
     def __init__(self, decoder_layer: Module, num_layers: int, norm: Module | None = None) -> None:
-        super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"TransformerDecoder: num_layers must be at least 1, got {num_layers}")
-        self.layers = _clones(decoder_layer, num_layers)
-        self.num_layers = num_layers
-        self.norm = norm
+        super().__init__(decoder_layer, num_layers, norm)
 
     def forward(
         self,
@@ -523,9 +522,7 @@ class TransformerDecoder(Module):
                 tgt_is_causal=causal,
                 memory_is_causal=memory_is_causal,
             )
-        if self.norm is not None:
-            out = self.norm(out)
-        return out
+        return self._final_norm(out)
 
 
 class Transformer(Module):
