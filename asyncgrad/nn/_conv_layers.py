@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 
-
 def _ntuple(v: Any, n: int, what: str) -> tuple[int, ...]:
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         return (int(v),) * n

@@ -29,7 +29,6 @@ from .utils.rnn import PackedSequence, _pack_index, _padded_sorted
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNBase", "RNNCell", "RNNCellBase"]
 
 
-
 def _check_sizes(cls: str, **sizes: Any) -> None:
     for name, v in sizes.items():
         if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v <= 0:

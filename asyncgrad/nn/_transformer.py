@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 
-
 def _float_mask(mask: Tensor | None, name: str, dtype: Any) -> Tensor | None:
     """PyTorch's canonical mask: a bool mask becomes 0 / -inf (True: masked), a float mask stays."""
     if mask is None:
