@@ -19,6 +19,7 @@ from ._collectives import (
     reduce_scatter,
     reduce_scatter_nowait,
 )
+from ._collectives import memory_order as memory_order  # for nn.parallel's bucket views (not user API)
 from ._process_group import (
     DEFAULT_TIMEOUT,
     CollectiveMismatchError,

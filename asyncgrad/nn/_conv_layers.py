@@ -8,13 +8,11 @@ norm weights 1 and biases 0.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .. import runtime as _runtime
 from ..ops import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
@@ -25,9 +23,10 @@ from ..ops import (
     group_norm,
     interpolate,
 )
-from ..runtime import Tensor, get_default_dtype
+from ..runtime import Tensor
 from . import init
-from ._module import Module, Parameter
+from ._layers import _add_conv_params, _conv_extra_repr, _init_conv_, _new_param
+from ._module import Module
 
 __all__ = [
     "AdaptiveAvgPool1d",
@@ -40,12 +39,6 @@ __all__ = [
     "UpsamplingBilinear2d",
     "UpsamplingNearest2d",
 ]
-
-
-def _param(shape: tuple[int, ...], dtype: Any, device: Any) -> Tensor:
-    dt = get_default_dtype() if dtype is None else np.dtype(dtype)
-    t = _runtime.tensor(np.zeros(shape, dtype=dt), dtype=dt, device="cpu" if device is None else device)
-    return Parameter(t)
 
 
 def _ntuple(v: Any, n: int, what: str) -> tuple[int, ...]:
@@ -112,35 +105,16 @@ class _ConvNd(Module):
             shape = (in_channels, out_channels // groups, *self.kernel_size)
         else:
             shape = (out_channels, in_channels // groups, *self.kernel_size)
-        self.weight = _param(shape, dtype, device)
-        if bias:
-            self.bias = _param((out_channels,), dtype, device)
-        else:
-            self.register_parameter("bias", None)
+        _add_conv_params(self, shape, out_channels, bias, dtype, device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """PyTorch's default initialisation."""
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            if fan_in != 0:
-                bound = 1 / math.sqrt(fan_in)
-                init.uniform_(self.bias, -bound, bound)
+        _init_conv_(self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0,) * self._nd:
-            s += f", padding={self.padding}"
-        if self.dilation != (1,) * self._nd:
-            s += f", dilation={self.dilation}"
-        if self.output_padding != (0,) * self._nd:
-            s += f", output_padding={self.output_padding}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
-        if self.bias is None:
-            s += ", bias=False"
-        return s
+        zeros, ones = (0,) * self._nd, (1,) * self._nd
+        return _conv_extra_repr(self, {"padding": (zeros,), "dilation": (ones,), "output_padding": (zeros,)})
 
 
 class Conv1d(_ConvNd):
@@ -285,8 +259,8 @@ class GroupNorm(Module):
         self.eps = eps
         self.affine = affine
         if affine:
-            self.weight = _param((num_channels,), dtype, device)
-            self.bias = _param((num_channels,), dtype, device)
+            self.weight = _new_param((num_channels,), dtype, device)
+            self.bias = _new_param((num_channels,), dtype, device)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -308,32 +282,29 @@ class GroupNorm(Module):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
-class AdaptiveAvgPool2d(Module):
-    """Average pooling to a fixed ``output_size`` (an int or pair; None keeps that dim), PyTorch's bins."""
+class _AdaptiveAvgPoolNd(Module):
+    """What the adaptive average pools share (PyTorch's ``_AdaptiveAvgPoolNd``): their ``output_size``."""
 
     def __init__(self, output_size: Any) -> None:
         super().__init__()
         self.output_size = output_size
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
+    """Average pooling to a fixed ``output_size`` (an int or pair; None keeps that dim), PyTorch's bins."""
 
     def forward(self, input: Tensor) -> Tensor:
         return adaptive_avg_pool2d(input, self.output_size)
 
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
 
-
-class AdaptiveAvgPool1d(Module):
+class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd):
     """1-d average pooling to a fixed ``output_size``."""
-
-    def __init__(self, output_size: Any) -> None:
-        super().__init__()
-        self.output_size = output_size
 
     def forward(self, input: Tensor) -> Tensor:
         return adaptive_avg_pool1d(input, self.output_size)
-
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
 
 
 class Upsample(Module):

@@ -55,6 +55,42 @@ __all__ = [
 ]
 
 
+def _add_conv_params(
+    m: Module, weight_shape: Sequence[int], out_channels: int, bias: bool, dtype: Any, device: Any
+) -> None:
+    """Register a convolution's ``weight`` and ``bias`` (None without ``bias``); `_init_conv_` fills them."""
+    m.weight = _new_param(weight_shape, dtype, device)
+    if bias:
+        m.bias = _new_param((out_channels,), dtype, device)
+    else:
+        m.register_parameter("bias", None)
+
+
+def _init_conv_(weight: Tensor, bias: Tensor | None) -> None:
+    """PyTorch's default initialisation of a convolution's parameters (every ``Conv*`` layer's)."""
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
+        if fan_in != 0:
+            bound = 1 / math.sqrt(fan_in)
+            init.uniform_(bias, -bound, bound)
+
+
+def _conv_extra_repr(m: Module, defaults: dict[str, tuple[Any, ...]]) -> str:
+    """PyTorch's repr of a convolution: channels, kernel size and stride, then each attribute named in
+    ``defaults`` that is at none of its default values, then ``groups`` and ``bias=False`` where they apply."""
+    s = f"{m.in_channels}, {m.out_channels}, kernel_size={m.kernel_size}, stride={m.stride}"
+    for name, values in defaults.items():
+        v = getattr(m, name)
+        if v not in values:
+            s += f", {name}={v}"
+    if m.groups != 1:
+        s += f", groups={m.groups}"
+    if m.bias is None:
+        s += ", bias=False"
+    return s
+
+
 def _new_param(shape: Sequence[int], dtype: Any, device: Any) -> Tensor:
     dt = get_default_dtype() if dtype is None else np.dtype(dtype)
     t = runtime.tensor(np.zeros(tuple(shape), dtype=dt), dtype=dt, device="cpu" if device is None else device)
@@ -603,36 +639,19 @@ class Conv2d(Module):
         self.dilation = _pair(dilation)
         self.groups = groups
         self.padding_mode = padding_mode
-        self.weight = _new_param((out_channels, in_channels // groups, *self.kernel_size), dtype, device)
-        if bias:
-            self.bias = _new_param((out_channels,), dtype, device)
-        else:
-            self.register_parameter("bias", None)
+        weight_shape = (out_channels, in_channels // groups, *self.kernel_size)
+        _add_conv_params(self, weight_shape, out_channels, bias, dtype, device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """PyTorch's default initialisation."""
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            if fan_in != 0:
-                bound = 1 / math.sqrt(fan_in)
-                init.uniform_(self.bias, -bound, bound)
+        _init_conv_(self.weight, self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
         return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding not in ((0, 0), "valid"):
-            s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
-            s += f", dilation={self.dilation}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
-        if self.bias is None:
-            s += ", bias=False"
-        return s
+        return _conv_extra_repr(self, {"padding": ((0, 0), "valid"), "dilation": ((1, 1),)})
 
 
 class MaxPool2d(Module):

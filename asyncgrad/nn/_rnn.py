@@ -16,24 +16,17 @@ import numbers
 import warnings
 from typing import Any
 
-import numpy as np
-
 from .. import ops as _ops
 from .. import runtime as _runtime
 from ..ops import RECURRENT_MODES, recurrent_layer
-from ..runtime import Tensor, get_default_dtype
+from ..runtime import Tensor
 from . import functional as F
 from . import init
-from ._module import Module, Parameter
+from ._layers import _new_param
+from ._module import Module
 from .utils.rnn import PackedSequence, _pack_index, _padded_sorted
 
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNBase", "RNNCell", "RNNCellBase"]
-
-
-def _param(shape: tuple[int, ...], dtype: Any, device: Any) -> Tensor:
-    dt = get_default_dtype() if dtype is None else np.dtype(dtype)
-    t = _runtime.tensor(np.zeros(shape, dtype=dt), dtype=dt, device="cpu" if device is None else device)
-    return Parameter(t)
 
 
 def _check_sizes(cls: str, **sizes: Any) -> None:
@@ -117,7 +110,7 @@ class RNNBase(Module):
                     names.append(f"weight_hr{sfx}")
                     shapes.append((self.proj_size, hidden_size))
                 for name, shape in zip(names, shapes):
-                    setattr(self, name, _param(shape, dtype, device))
+                    setattr(self, name, _new_param(shape, dtype, device))
                 self._flat_weights_names.extend(names)
         self.reset_parameters()
 
@@ -161,6 +154,31 @@ class RNNBase(Module):
         if tuple(t.shape) != shape:
             raise ValueError(f"{type(self).__name__}: expected {name} of size {shape}, got {tuple(t.shape)}")
 
+    def _initial_states(self, hx: Any, n: int, ref: Tensor, batched: bool = True) -> tuple[Tensor, Tensor | None]:
+        """``(h_0, c_0)`` (``c_0`` None but for LSTM) for a batch of ``n``: zeros like ``ref`` without ``hx``,
+        else ``hx`` checked against PyTorch's shapes (without the batch dim for an unbatched input)."""
+        cls = type(self).__name__
+        layers = self.num_layers * (2 if self.bidirectional else 1)
+        hs = self.proj_size or self.hidden_size
+        lstm = self.mode == "lstm"
+        if hx is None:
+            h0 = _runtime.zeros((layers, n, hs), dtype=ref.dtype, device=ref.device)
+            c0 = _runtime.zeros((layers, n, self.hidden_size), dtype=ref.dtype, device=ref.device) if lstm else None
+            return h0, c0
+        lead = (layers, n) if batched else (layers,)
+        if lstm:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise TypeError(f"{cls}: hx must be a tuple (h_0, c_0) of tensors, got {type(hx).__name__}")
+            h0, c0 = hx
+            self._check_state("h_0", h0, (*lead, hs))
+            self._check_state("c_0", c0, (*lead, self.hidden_size))
+        else:
+            if isinstance(hx, (tuple, list)):
+                raise TypeError(f"{cls}: hx must be a Tensor, got a {type(hx).__name__}")
+            h0, c0 = hx, None
+            self._check_state("hx", h0, (*lead, hs))
+        return h0, c0
+
     def forward(self, input: Tensor, hx: Any = None) -> tuple[Tensor, Any]:
         """Run the sequence: returns ``(output, h_n)`` (LSTM: ``(output, (h_n, c_n))``).
 
@@ -185,35 +203,14 @@ class RNNBase(Module):
             )
         lstm = self.mode == "lstm"
         batched = input.ndim == 3
-        d = 2 if self.bidirectional else 1
         if not batched:
             input = input.unsqueeze(1)
         elif self.batch_first:
             input = input.transpose(0, 1)
-        n = input.shape[1]
-        hs = self.proj_size or self.hidden_size
-        shape = (self.num_layers * d, n, hs) if batched else (self.num_layers * d, hs)
-        cshape = (self.num_layers * d, n, self.hidden_size) if batched else (self.num_layers * d, self.hidden_size)
-        if hx is None:
-            h0 = _runtime.zeros((self.num_layers * d, n, hs), dtype=input.dtype, device=input.device)
-            c0: Tensor | None = None
-            if lstm:
-                c0 = _runtime.zeros((self.num_layers * d, n, self.hidden_size), dtype=input.dtype, device=input.device)
-        else:
-            if lstm:
-                if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-                    raise TypeError(f"{cls}: hx must be a tuple (h_0, c_0) of tensors, got {type(hx).__name__}")
-                h0, c0 = hx
-                self._check_state("h_0", h0, shape)
-                self._check_state("c_0", c0, cshape)
-            else:
-                if isinstance(hx, (tuple, list)):
-                    raise TypeError(f"{cls}: hx must be a Tensor, got a {type(hx).__name__}")
-                h0, c0 = hx, None
-                self._check_state("hx", h0, shape)
-            if not batched:
-                h0 = h0.unsqueeze(1)
-                c0 = c0.unsqueeze(1) if c0 is not None else None
+        h0, c0 = self._initial_states(hx, input.shape[1], input, batched)
+        if hx is not None and not batched:
+            h0 = h0.unsqueeze(1)
+            c0 = c0.unsqueeze(1) if c0 is not None else None
         output, hn, cn = self._run(input, h0, c0, None)
         if not batched:
             output = output.squeeze(1)
@@ -236,27 +233,12 @@ class RNNBase(Module):
             )
         padded, lens = _padded_sorted(seq, 0.0, None)
         t_len, n = padded.shape[0], padded.shape[1]
-        d = 2 if self.bidirectional else 1
-        hs = self.proj_size or self.hidden_size
         lstm = self.mode == "lstm"
-        if hx is None:
-            h0 = _runtime.zeros((self.num_layers * d, n, hs), dtype=data.dtype, device=data.device)
-            c0: Tensor | None = None
-            if lstm:
-                c0 = _runtime.zeros((self.num_layers * d, n, self.hidden_size), dtype=data.dtype, device=data.device)
-        else:
-            if lstm:
-                if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-                    raise TypeError(f"{cls}: hx must be a tuple (h_0, c_0) of tensors, got {type(hx).__name__}")
-                h0, c0 = hx
-                self._check_state("c_0", c0, (self.num_layers * d, n, self.hidden_size))
-            else:
-                h0, c0 = hx, None
-            self._check_state("h_0" if lstm else "hx", h0, (self.num_layers * d, n, hs))
-            if seq.sorted_indices is not None:  # the states are given in the original batch order
-                order = seq.sorted_indices.numpy()
-                h0 = _ops.index_select(h0, 1, order)
-                c0 = _ops.index_select(c0, 1, order) if c0 is not None else None
+        h0, c0 = self._initial_states(hx, n, data)
+        if hx is not None and seq.sorted_indices is not None:  # the states are given in the original batch order
+            order = seq.sorted_indices.numpy()
+            h0 = _ops.index_select(h0, 1, order)
+            c0 = _ops.index_select(c0, 1, order) if c0 is not None else None
         out, hn, cn = self._run(padded, h0, c0, tuple(int(v) for v in lens))
         flat = out.reshape(t_len * n, out.shape[2])
         packed = PackedSequence(
@@ -396,11 +378,11 @@ class RNNCellBase(Module):
         self.hidden_size = int(hidden_size)
         self.bias = bool(bias)
         gates = RECURRENT_MODES[mode]
-        self.weight_ih = _param((gates * hidden_size, input_size), dtype, device)
-        self.weight_hh = _param((gates * hidden_size, hidden_size), dtype, device)
+        self.weight_ih = _new_param((gates * hidden_size, input_size), dtype, device)
+        self.weight_hh = _new_param((gates * hidden_size, hidden_size), dtype, device)
         if bias:
-            self.bias_ih = _param((gates * hidden_size,), dtype, device)
-            self.bias_hh = _param((gates * hidden_size,), dtype, device)
+            self.bias_ih = _new_param((gates * hidden_size,), dtype, device)
+            self.bias_hh = _new_param((gates * hidden_size,), dtype, device)
         else:
             self.register_parameter("bias_ih", None)
             self.register_parameter("bias_hh", None)

@@ -25,8 +25,8 @@ from ..ops import scaled_dot_product_attention
 from ..runtime import Tensor, get_default_dtype
 from . import functional as F
 from . import init
-from ._layers import Dropout, LayerNorm, Linear, ModuleList
-from ._module import Module, Parameter
+from ._layers import Dropout, LayerNorm, Linear, ModuleList, _new_param
+from ._module import Module
 
 __all__ = [
     "MultiheadAttention",
@@ -36,12 +36,6 @@ __all__ = [
     "TransformerEncoder",
     "TransformerEncoderLayer",
 ]
-
-
-def _param(shape: tuple[int, ...], dtype: Any, device: Any) -> Tensor:
-    dt = get_default_dtype() if dtype is None else np.dtype(dtype)
-    t = _runtime.tensor(np.zeros(shape, dtype=dt), dtype=dt, device="cpu" if device is None else device)
-    return Parameter(t)
 
 
 def _float_mask(mask: Tensor | None, name: str, dtype: Any) -> Tensor | None:
@@ -110,23 +104,23 @@ class MultiheadAttention(Module):
         self.batch_first = bool(batch_first)
         self.head_dim = embed_dim // num_heads
         if not self._qkv_same_embed_dim:
-            self.q_proj_weight = _param((embed_dim, embed_dim), dtype, device)
-            self.k_proj_weight = _param((embed_dim, self.kdim), dtype, device)
-            self.v_proj_weight = _param((embed_dim, self.vdim), dtype, device)
+            self.q_proj_weight = _new_param((embed_dim, embed_dim), dtype, device)
+            self.k_proj_weight = _new_param((embed_dim, self.kdim), dtype, device)
+            self.v_proj_weight = _new_param((embed_dim, self.vdim), dtype, device)
             self.register_parameter("in_proj_weight", None)
         else:
-            self.in_proj_weight = _param((3 * embed_dim, embed_dim), dtype, device)
+            self.in_proj_weight = _new_param((3 * embed_dim, embed_dim), dtype, device)
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
             self.register_parameter("v_proj_weight", None)
         if bias:
-            self.in_proj_bias = _param((3 * embed_dim,), dtype, device)
+            self.in_proj_bias = _new_param((3 * embed_dim,), dtype, device)
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
         if add_bias_kv:
-            self.bias_k = _param((1, 1, embed_dim), dtype, device)
-            self.bias_v = _param((1, 1, embed_dim), dtype, device)
+            self.bias_k = _new_param((1, 1, embed_dim), dtype, device)
+            self.bias_v = _new_param((1, 1, embed_dim), dtype, device)
         else:
             self.register_parameter("bias_k", None)
             self.register_parameter("bias_v", None)
@@ -311,22 +305,12 @@ def _activation(activation: str | Callable[[Tensor], Tensor]) -> Callable[[Tenso
     raise RuntimeError(f"activation should be relu/gelu, not {activation}")
 
 
-class TransformerEncoderLayer(Module):
-    """Self-attention and a feed-forward block, PyTorch's ``nn.TransformerEncoderLayer``.
+class _TransformerLayer(Module):
+    """What the encoder and decoder layers share: the constructor (PyTorch's sub-modules, in its order; a
+    decoder layer adds attention over the encoder's memory, its norm and its dropout) and the self-attention
+    block. Arguments: see `TransformerEncoderLayer`."""
 
-    Args:
-        d_model: Model dimension.
-        nhead: Attention heads.
-        dim_feedforward: Hidden width of the feed-forward block (default 2048).
-        dropout: Dropout (default 0.1).
-        activation: ``"relu"`` (default), ``"gelu"`` or a callable.
-        layer_norm_eps: LayerNorm eps (default 1e-5).
-        batch_first: ``(N, S, E)`` inputs (default False: ``(S, N, E)``).
-        norm_first: Pre-norm (LayerNorm before attention and feed-forward) instead of post-norm.
-        bias: Biases in the linear layers and layer norms (default True).
-        device: Device of the parameters.
-        dtype: Parameter dtype.
-    """
+    _decoder = False
 
     def __init__(
         self,
@@ -345,17 +329,50 @@ class TransformerEncoderLayer(Module):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **fk)
+        if self._decoder:
+            self.multihead_attn = MultiheadAttention(
+                d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **fk
+            )
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **fk)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **fk)
         self.norm_first = bool(norm_first)
         self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
         self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        if self._decoder:
+            self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
-        self.activation_relu_or_gelu = 1 if activation == "relu" else 2 if activation == "gelu" else 0
+        if self._decoder:
+            self.dropout3 = Dropout(dropout)
+        else:
+            self.activation_relu_or_gelu = 1 if activation == "relu" else 2 if activation == "gelu" else 0
         self.activation = _activation(activation)
         self.batch_first = bool(batch_first)
+
+    def _sa_block(self, x: Tensor, attn_mask: Any, key_padding_mask: Any, is_causal: bool) -> Tensor:
+        y = self.self_attn(
+            x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False, is_causal=is_causal
+        )[0]
+        return self.dropout1(y)  # type: ignore[no-any-return]
+
+
+class TransformerEncoderLayer(_TransformerLayer):
+    """Self-attention and a feed-forward block, PyTorch's ``nn.TransformerEncoderLayer``.
+
+    Args:
+        d_model: Model dimension.
+        nhead: Attention heads.
+        dim_feedforward: Hidden width of the feed-forward block (default 2048).
+        dropout: Dropout (default 0.1).
+        activation: ``"relu"`` (default), ``"gelu"`` or a callable.
+        layer_norm_eps: LayerNorm eps (default 1e-5).
+        batch_first: ``(N, S, E)`` inputs (default False: ``(S, N, E)``).
+        norm_first: Pre-norm (LayerNorm before attention and feed-forward) instead of post-norm.
+        bias: Biases in the linear layers and layer norms (default True).
+        device: Device of the parameters.
+        dtype: Parameter dtype.
+    """
 
     def forward(
         self,
@@ -374,54 +391,17 @@ class TransformerEncoderLayer(Module):
             x = self.norm2(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x: Tensor, attn_mask: Any, key_padding_mask: Any, is_causal: bool) -> Tensor:
-        y = self.self_attn(
-            x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False, is_causal=is_causal
-        )[0]
-        return self.dropout1(y)  # type: ignore[no-any-return]
-
     def _ff_block(self, x: Tensor) -> Tensor:
         return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))  # type: ignore[no-any-return]
 
 
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """Self-attention, attention over the encoder's memory and a feed-forward block (``nn.TransformerDecoderLayer``).
 
     Args: as `TransformerEncoderLayer`.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        nhead: int,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation: str | Callable[[Tensor], Tensor] = "relu",
-        layer_norm_eps: float = 1e-5,
-        batch_first: bool = False,
-        norm_first: bool = False,
-        bias: bool = True,
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        super().__init__()
-        fk = {"device": device, "dtype": dtype}
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **fk)
-        self.multihead_attn = MultiheadAttention(
-            d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **fk
-        )
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **fk)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **fk)
-        self.norm_first = bool(norm_first)
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.dropout3 = Dropout(dropout)
-        self.activation = _activation(activation)
-        self.batch_first = bool(batch_first)
+    _decoder = True
 
     def forward(
         self,
@@ -446,12 +426,6 @@ class TransformerDecoderLayer(Module):
             x = self.norm3(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x: Tensor, attn_mask: Any, key_padding_mask: Any, is_causal: bool) -> Tensor:
-        y = self.self_attn(
-            x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, need_weights=False
-        )[0]
-        return self.dropout1(y)  # type: ignore[no-any-return]
-
     def _mha_block(self, x: Tensor, mem: Tensor, attn_mask: Any, key_padding_mask: Any, is_causal: bool) -> Tensor:
         y = self.multihead_attn(
             x, mem, mem, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
@@ -463,11 +437,22 @@ class TransformerDecoderLayer(Module):
         return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))  # type: ignore[no-any-return]
 
 
-def _clones(module: Module, n: int) -> ModuleList:
-    return ModuleList([copy.deepcopy(module) for _ in range(n)])
+class _LayerStack(Module):
+    """What the encoder and decoder stacks share: ``num_layers`` deep copies of a layer, an optional final norm."""
+
+    def __init__(self, layer: Module, num_layers: int, norm: Module | None) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"{type(self).__name__}: num_layers must be at least 1, got {num_layers}")
+        self.layers = ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def _final_norm(self, out: Tensor) -> Tensor:
+        return out if self.norm is None else self.norm(out)  # type: ignore[no-any-return]
 
 
-class TransformerEncoder(Module):
+class TransformerEncoder(_LayerStack):
     """A stack of ``num_layers`` deep copies of ``encoder_layer`` (PyTorch's ``nn.TransformerEncoder``).
 
     Args:
@@ -486,12 +471,7 @@ class TransformerEncoder(Module):
         enable_nested_tensor: bool = True,
         mask_check: bool = True,
     ) -> None:
-        super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"TransformerEncoder: num_layers must be at least 1, got {num_layers}")
-        self.layers = _clones(encoder_layer, num_layers)
-        self.num_layers = num_layers
-        self.norm = norm
+        super().__init__(encoder_layer, num_layers, norm)
         self.enable_nested_tensor = enable_nested_tensor
         self.mask_check = mask_check
 
@@ -507,21 +487,14 @@ class TransformerEncoder(Module):
         causal = bool(is_causal) and mask is not None
         for mod in self.layers:
             out = mod(out, src_mask=mask, is_causal=causal, src_key_padding_mask=src_key_padding_mask)
-        if self.norm is not None:
-            out = self.norm(out)
-        return out
+        return self._final_norm(out)
 
 
-class TransformerDecoder(Module):
+class TransformerDecoder(_LayerStack):
     """A stack of ``num_layers`` deep copies of ``decoder_layer`` (PyTorch's ``nn.TransformerDecoder``)."""
 
     def __init__(self, decoder_layer: Module, num_layers: int, norm: Module | None = None) -> None:
-        super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"TransformerDecoder: num_layers must be at least 1, got {num_layers}")
-        self.layers = _clones(decoder_layer, num_layers)
-        self.num_layers = num_layers
-        self.norm = norm
+        super().__init__(decoder_layer, num_layers, norm)
 
     def forward(
         self,
@@ -548,9 +521,7 @@ class TransformerDecoder(Module):
                 tgt_is_causal=causal,
                 memory_is_causal=memory_is_causal,
             )
-        if self.norm is not None:
-            out = self.norm(out)
-        return out
+        return self._final_norm(out)
 
 
 class Transformer(Module):

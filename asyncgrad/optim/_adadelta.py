@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._optimizer import Optimizer, fused_update, state_like
-from ._port_common import check_torch_only_flags, nonneg
+from ._optimizer import Optimizer, count_step, fused_update
+from ._port_common import grad_term, nonneg, torch_only_flags
 
 __all__ = ["Adadelta"]
 
@@ -31,10 +31,9 @@ class Adadelta(Optimizer):
         rho: Decay of the running averages (default 0.9).
         eps: Added inside the square roots (default 1e-6).
         weight_decay: L2 penalty added to the gradient.
-        foreach: Accepted (one fused kernel per parameter either way).
-        capturable: Must be False.
+        foreach, capturable, differentiable: PyTorch's kernel flags: ``foreach`` is accepted (one fused
+            kernel per parameter either way), the other two must be False.
         maximize: Maximize the objective.
-        differentiable: Must be False.
     """
 
     def __init__(
@@ -42,10 +41,8 @@ class Adadelta(Optimizer):
         weight_decay: float = 0, foreach: bool | None = None, *, capturable: bool = False,
         maximize: bool = False, differentiable: bool = False,
     ) -> None:
-        check_torch_only_flags("Adadelta", capturable=capturable, differentiable=differentiable)
-        super().__init__(params, {"lr": lr, "rho": rho, "eps": eps, "weight_decay": weight_decay,
-                                  "foreach": foreach, "maximize": maximize, "capturable": False,
-                                  "differentiable": False})
+        super().__init__(params, {"lr": lr, "rho": rho, "eps": eps, "weight_decay": weight_decay, "maximize": maximize,
+                                  **torch_only_flags("Adadelta", foreach, capturable, differentiable)})
 
     def _check_group(self, group: dict[str, Any]) -> None:
         nonneg("learning rate", group["lr"])
@@ -57,20 +54,13 @@ class Adadelta(Optimizer):
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         lr, rho, eps = float(group["lr"]), float(group["rho"]), float(group["eps"])
         wd, maximize = float(group["weight_decay"]), bool(group["maximize"])
-        first = "step" not in state
-        if first:
-            state["step"] = 0
-            state["square_avg"] = state_like(p)
-            state["acc_delta"] = state_like(p)
-        state["step"] += 1
+        first = count_step(p, state, "square_avg", "acc_delta")
 
         def kernel(pa: np.ndarray, ga: np.ndarray, v: np.ndarray, u: np.ndarray) -> None:
             if first:
                 v.fill(0)
                 u.fill(0)
-            d = -ga if maximize else ga
-            if wd != 0:
-                d = d + wd * pa
+            d = grad_term(pa, ga, maximize, wd)
             v *= rho
             v += (1 - rho) * d * d
             std = np.sqrt(v + eps)

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..runtime import Tensor, no_grad
 from ._optimizer import Optimizer, fused_update, state_like
+from ._port_common import nonneg
 
 __all__ = ["Adagrad"]
 
@@ -38,6 +39,13 @@ class Adagrad(Optimizer):
         maximize: Maximize the objective.
     """
 
+    _hyper_checks = (
+        ("lr", "learning rate"),
+        ("lr_decay", "lr_decay value"),
+        ("weight_decay", "weight_decay value"),
+        ("eps", "epsilon value"),
+    )
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -49,8 +57,7 @@ class Adagrad(Optimizer):
         *,
         maximize: bool = False,
     ) -> None:
-        if not 0.0 <= initial_accumulator_value:
-            raise ValueError(f"Invalid initial_accumulator_value value: {initial_accumulator_value}")
+        nonneg("initial_accumulator_value value", initial_accumulator_value)
         defaults = {
             "lr": lr,
             "lr_decay": lr_decay,
@@ -70,16 +77,6 @@ class Adagrad(Optimizer):
         with no_grad():
             s.fill_(float(self.defaults["initial_accumulator_value"]))
         state["sum"] = s
-
-    def _check_group(self, group: dict[str, Any]) -> None:
-        if not 0.0 <= group["lr"]:
-            raise ValueError(f"Invalid learning rate: {group['lr']}")
-        if not 0.0 <= group["lr_decay"]:
-            raise ValueError(f"Invalid lr_decay value: {group['lr_decay']}")
-        if not 0.0 <= group["weight_decay"]:
-            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
-        if not 0.0 <= group["eps"]:
-            raise ValueError(f"Invalid epsilon value: {group['eps']}")
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         if not state:

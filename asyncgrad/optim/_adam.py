@@ -9,17 +9,13 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._optimizer import Optimizer, fused_update, state_like
+from ._optimizer import Optimizer, count_step, fused_update, state_like
+from ._port_common import adam_family_hypers, lerp_
 
 __all__ = ["Adam", "AdamW"]
 
-
-def _lerp_(a: np.ndarray, b: np.ndarray, w: float) -> None:
-    """``a = a + w * (b - a)`` in place, evaluated like PyTorch's CPU ``lerp_``."""
-    if w < 0.5:
-        a += w * (b - a)
-    else:
-        np.subtract(b, (b - a) * (1.0 - w), out=a)
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+_MOMENTS_AMSGRAD = (*_MOMENTS, "max_exp_avg_sq")
 
 
 class Adam(Optimizer):
@@ -82,24 +78,14 @@ class Adam(Optimizer):
             raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-        lr = float(group["lr"])
-        beta1, beta2 = (float(b) for b in group["betas"])
-        eps = float(group["eps"])
-        wd = float(group["weight_decay"])
+        lr, eps, beta1, beta2, wd, maximize = adam_family_hypers(group)
         amsgrad = bool(group["amsgrad"])
-        maximize = bool(group["maximize"])
         decoupled = self._decoupled
-        first = "step" not in state
-        if first:
-            state["step"] = 0
-            state["exp_avg"] = state_like(p)
-            state["exp_avg_sq"] = state_like(p)
-            if amsgrad:
-                state["max_exp_avg_sq"] = state_like(p)
-        elif amsgrad and state.get("max_exp_avg_sq") is None:
+        first = count_step(p, state, *(_MOMENTS_AMSGRAD if amsgrad else _MOMENTS))
+        if not first and amsgrad and state.get("max_exp_avg_sq") is None:
+            # AMSGrad switched on after the first step: its running maximum starts at zero
             state["max_exp_avg_sq"] = state_like(p)
             state["max_exp_avg_sq"].zero_()
-        state["step"] += 1
         step = state["step"]
         bias_correction1 = 1.0 - beta1**step
         bias_correction2 = 1.0 - beta2**step
@@ -121,7 +107,7 @@ class Adam(Optimizer):
                     pa *= 1.0 - lr * wd
                 else:
                     d = d + wd * pa
-            _lerp_(m, d, 1.0 - beta1)
+            lerp_(m, d, 1.0 - beta1)
             v *= beta2
             v += (1.0 - beta2) * (d * d)
             if vmax is not None:
@@ -140,14 +126,7 @@ class AdamW(Adam):
     """Adam with decoupled weight decay (``torch.optim.AdamW``): ``p = p * (1 - lr * weight_decay)``
     before the Adam update, instead of adding ``weight_decay * p`` to the gradient.
 
-    Args:
-        params: Parameters or parameter groups.
-        lr: Learning rate.
-        betas: Coefficients of the running averages.
-        eps: Added to the denominator.
-        weight_decay: Decoupled weight decay (default 1e-2).
-        amsgrad: Use the AMSGrad variant.
-        maximize: Maximize the objective.
+    Takes `Adam`'s arguments; ``weight_decay`` is the decoupled decay, by default 1e-2.
     """
 
     _decoupled = True

@@ -8,18 +8,10 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._adam import _lerp_
-from ._optimizer import Optimizer, fused_update, state_like
-from ._port_common import check_torch_only_flags, nonneg
+from ._optimizer import Optimizer, count_step, fused_update
+from ._port_common import ADAM_FAMILY_CHECKS, adam_family_hypers, grad_term, lerp_, torch_only_flags
 
 __all__ = ["Adamax"]
-
-
-def check_betas(betas: tuple[float, float]) -> None:
-    if not 0.0 <= betas[0] < 1.0:
-        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-    if not 0.0 <= betas[1] < 1.0:
-        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
 
 
 class Adamax(Optimizer):
@@ -37,48 +29,33 @@ class Adamax(Optimizer):
         betas: Decays of the first moment and of the infinity norm.
         eps: Added to ``|g|``.
         weight_decay: L2 penalty added to the gradient.
-        foreach: Accepted (one fused kernel per parameter either way).
+        foreach, capturable, differentiable: PyTorch's kernel flags: ``foreach`` is accepted (one fused
+            kernel per parameter either way), the other two must be False.
         maximize: Maximize the objective.
-        differentiable: Must be False.
-        capturable: Must be False.
     """
+
+    _hyper_checks = ADAM_FAMILY_CHECKS
 
     def __init__(
         self, params: Iterable[Any], lr: float = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8, weight_decay: float = 0, foreach: bool | None = None, *, maximize: bool = False,
         differentiable: bool = False, capturable: bool = False,
     ) -> None:
-        check_torch_only_flags("Adamax", capturable=capturable, differentiable=differentiable)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
-                                  "foreach": foreach, "maximize": maximize, "differentiable": False,
-                                  "capturable": False})
-
-    def _check_group(self, group: dict[str, Any]) -> None:
-        nonneg("learning rate", group["lr"])
-        nonneg("epsilon value", group["eps"])
-        check_betas(group["betas"])
-        nonneg("weight_decay value", group["weight_decay"])
+                                  "maximize": maximize,
+                                  **torch_only_flags("Adamax", foreach, capturable, differentiable)})
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-        lr, eps = float(group["lr"]), float(group["eps"])
-        beta1, beta2 = (float(b) for b in group["betas"])
-        wd, maximize = float(group["weight_decay"]), bool(group["maximize"])
-        first = "step" not in state
-        if first:
-            state["step"] = 0
-            state["exp_avg"] = state_like(p)
-            state["exp_inf"] = state_like(p)
-        state["step"] += 1
+        lr, eps, beta1, beta2, wd, maximize = adam_family_hypers(group)
+        first = count_step(p, state, "exp_avg", "exp_inf")
         clr = lr / (1 - beta1 ** state["step"])
 
         def kernel(pa: np.ndarray, ga: np.ndarray, m: np.ndarray, u: np.ndarray) -> None:
             if first:
                 m.fill(0)
                 u.fill(0)
-            d = -ga if maximize else ga
-            if wd != 0:
-                d = d + wd * pa
-            _lerp_(m, d, 1 - beta1)
+            d = grad_term(pa, ga, maximize, wd)
+            lerp_(m, d, 1 - beta1)
             u *= beta2
             np.maximum(u, np.abs(d) + eps, out=u)
             pa += -clr * (m / u)

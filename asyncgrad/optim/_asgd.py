@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._optimizer import Optimizer, fused_update, state_like
-from ._port_common import check_torch_only_flags, nonneg, scalar_state
+from ._optimizer import Optimizer, count_step, fused_update
+from ._port_common import grad_term, scalar_state, torch_only_flags
 
 __all__ = ["ASGD"]
 
@@ -33,45 +33,33 @@ class ASGD(Optimizer):
         alpha: Power of the step decay (default 0.75).
         t0: Step at which averaging starts (default 1e6).
         weight_decay: L2 penalty added to the gradient.
-        foreach: Accepted (one fused kernel per parameter either way).
+        foreach, capturable, differentiable: PyTorch's kernel flags: ``foreach`` is accepted (one fused
+            kernel per parameter either way), the other two must be False.
         maximize: Maximize the objective.
-        differentiable: Must be False.
-        capturable: Must be False.
     """
+
+    _hyper_checks = (("lr", "learning rate"), ("weight_decay", "weight_decay value"))
 
     def __init__(
         self, params: Iterable[Any], lr: float = 1e-2, lambd: float = 1e-4, alpha: float = 0.75,
         t0: float = 1e6, weight_decay: float = 0, foreach: bool | None = None, *, maximize: bool = False,
         differentiable: bool = False, capturable: bool = False,
     ) -> None:
-        check_torch_only_flags("ASGD", capturable=capturable, differentiable=differentiable)
         super().__init__(params, {"lr": lr, "lambd": lambd, "alpha": alpha, "t0": t0,
-                                  "weight_decay": weight_decay, "foreach": foreach, "maximize": maximize,
-                                  "differentiable": False, "capturable": False})
-
-    def _check_group(self, group: dict[str, Any]) -> None:
-        nonneg("learning rate", group["lr"])
-        nonneg("weight_decay value", group["weight_decay"])
+                                  "weight_decay": weight_decay, "maximize": maximize,
+                                  **torch_only_flags("ASGD", foreach, capturable, differentiable)})
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         lr, lambd, alpha, t0 = (float(group[k]) for k in ("lr", "lambd", "alpha", "t0"))
         wd, maximize = float(group["weight_decay"]), bool(group["maximize"])
-        first = "step" not in state
-        if first:
-            state["step"] = 0
-            state["eta"] = scalar_state(lr)
-            state["mu"] = scalar_state(1.0)
-            state["ax"] = state_like(p)
-        state["step"] += 1
+        first = count_step(p, state, "ax", eta=scalar_state(lr), mu=scalar_state(1.0))
         step = state["step"]
         eta, mu = state["eta"], state["mu"]
 
         def kernel(pa: np.ndarray, ga: np.ndarray, ax: np.ndarray) -> None:
             if first:
                 ax.fill(0)
-            d = -ga if maximize else ga
-            if wd != 0:
-                d = d + wd * pa
+            d = grad_term(pa, ga, maximize, wd)
             pa *= 1 - lambd * eta
             pa += -eta * d
             if mu != 1:

@@ -8,10 +8,16 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._adam import _lerp_
-from ._adamax import check_betas
-from ._optimizer import Optimizer, fused_update, state_like
-from ._port_common import check_torch_only_flags, nonneg, scalar_state, scalar_state_mul
+from ._optimizer import Optimizer, count_step, fused_update
+from ._port_common import (
+    ADAM_FAMILY_CHECKS,
+    adam_family_hypers,
+    adam_moments_,
+    grad_term,
+    scalar_state,
+    scalar_state_mul,
+    torch_only_flags,
+)
 
 __all__ = ["NAdam"]
 
@@ -34,11 +40,12 @@ class NAdam(Optimizer):
         weight_decay: L2 penalty (added to the gradient, or decoupled as AdamW's).
         momentum_decay: The momentum schedule's decay (default 4e-3).
         decoupled_weight_decay: ``p = p * (1 - lr * weight_decay)`` instead of the L2 term.
-        foreach: Accepted (one fused kernel per parameter either way).
+        foreach, capturable, differentiable: PyTorch's kernel flags: ``foreach`` is accepted (one fused
+            kernel per parameter either way), the other two must be False.
         maximize: Maximize the objective.
-        capturable: Must be False.
-        differentiable: Must be False.
     """
+
+    _hyper_checks = (*ADAM_FAMILY_CHECKS, ("momentum_decay", "momentum_decay value"))
 
     def __init__(
         self, params: Iterable[Any], lr: float = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -46,31 +53,15 @@ class NAdam(Optimizer):
         decoupled_weight_decay: bool = False, *, foreach: bool | None = None, maximize: bool = False,
         capturable: bool = False, differentiable: bool = False,
     ) -> None:
-        check_torch_only_flags("NAdam", capturable=capturable, differentiable=differentiable)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                                   "momentum_decay": momentum_decay,
-                                  "decoupled_weight_decay": decoupled_weight_decay, "foreach": foreach,
-                                  "maximize": maximize, "capturable": False, "differentiable": False})
-
-    def _check_group(self, group: dict[str, Any]) -> None:
-        nonneg("learning rate", group["lr"])
-        nonneg("epsilon value", group["eps"])
-        check_betas(group["betas"])
-        nonneg("weight_decay value", group["weight_decay"])
-        nonneg("momentum_decay value", group["momentum_decay"])
+                                  "decoupled_weight_decay": decoupled_weight_decay, "maximize": maximize,
+                                  **torch_only_flags("NAdam", foreach, capturable, differentiable)})
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-        lr, eps = float(group["lr"]), float(group["eps"])
-        beta1, beta2 = (float(b) for b in group["betas"])
-        wd, maximize = float(group["weight_decay"]), bool(group["maximize"])
+        lr, eps, beta1, beta2, wd, maximize = adam_family_hypers(group)
         decoupled, md = bool(group["decoupled_weight_decay"]), float(group["momentum_decay"])
-        first = "step" not in state
-        if first:
-            state["step"] = 0
-            state["mu_product"] = scalar_state(1.0)
-            state["exp_avg"] = state_like(p)
-            state["exp_avg_sq"] = state_like(p)
-        state["step"] += 1
+        first = count_step(p, state, "exp_avg", "exp_avg_sq", mu_product=scalar_state(1.0))
         step = state["step"]
         bc2 = 1 - beta2**step
         mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * md)))
@@ -80,18 +71,8 @@ class NAdam(Optimizer):
         c_avg = (-lr * mu_next) / (1.0 - prod * mu_next)
 
         def kernel(pa: np.ndarray, ga: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
-            if first:
-                m.fill(0)
-                v.fill(0)
-            d = -ga if maximize else ga
-            if wd != 0:
-                if decoupled:
-                    pa *= 1 - lr * wd
-                else:
-                    d = d + wd * pa
-            _lerp_(m, d, 1 - beta1)
-            v *= beta2
-            v += (1 - beta2) * d * d
+            d = grad_term(pa, ga, maximize, wd, lr, decoupled)
+            adam_moments_(m, v, d, beta1, beta2, first)
             denom = np.sqrt(v / bc2)
             denom += eps
             pa += c_grad * (d / denom)

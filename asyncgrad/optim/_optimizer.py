@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor, empty_like_contract, inplace, no_grad
+from ._port_common import check_hyper
 
-__all__ = ["Optimizer", "fused_update", "state_like"]
+__all__ = ["Optimizer", "count_step", "fused_update", "state_like"]
 
 
 class _Required:
@@ -35,6 +36,23 @@ def state_like(p: Tensor) -> Tensor:
     """
     arr = p._data if p._data is not None else p._value()
     return Tensor._wrap(empty_like_contract(arr), p._dev)
+
+
+def count_step(p: Tensor, state: dict[str, Any], *tensors: str, **scalars: float) -> bool:
+    """Count one step in a parameter's ``state``; on its first, create ``state["step"]``, the ``scalars``
+    and the state ``tensors`` (uninitialised, with ``p``'s layout: the update kernel fills them).
+
+    Returns:
+        Whether this is the parameter's first step (the kernel must then fill the new tensors).
+    """
+    first = "step" not in state
+    if first:
+        state["step"] = 0
+        state.update(scalars)
+        for name in tensors:
+            state[name] = state_like(p)
+    state["step"] += 1
+    return first
 
 
 def fused_update(p: Tensor, fn: Callable[..., None], *others: Any) -> None:
@@ -140,8 +158,13 @@ class Optimizer:
         self._check_group(group)
         self.param_groups.append(group)
 
+    # PyTorch's checks of a group's hyper-parameters, in its order: (key, name in the error) of those that
+    # must be >= 0, "betas" for the Adam family's pair (see `check_hyper`); subclasses add other checks
+    _hyper_checks: tuple[tuple[str, str], ...] = ()
+
     def _check_group(self, group: dict[str, Any]) -> None:
-        """Validate a group's hyper-parameters (subclasses override)."""
+        """Validate a group's hyper-parameters (`_hyper_checks`; subclasses override for other checks)."""
+        check_hyper(group, self._hyper_checks)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all optimized parameters.

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._adam import _lerp_
-from ._optimizer import Optimizer, fused_update, state_like
+from ._optimizer import Optimizer, count_step, fused_update, state_like
+from ._port_common import lerp_
 
 __all__ = ["RMSprop"]
 
@@ -41,6 +41,14 @@ class RMSprop(Optimizer):
         maximize: Maximize the objective.
     """
 
+    _hyper_checks = (
+        ("lr", "learning rate"),
+        ("eps", "epsilon value"),
+        ("momentum", "momentum value"),
+        ("weight_decay", "weight_decay value"),
+        ("alpha", "alpha value"),
+    )
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -64,18 +72,6 @@ class RMSprop(Optimizer):
         }
         super().__init__(params, defaults)
 
-    def _check_group(self, group: dict[str, Any]) -> None:
-        if not 0.0 <= group["lr"]:
-            raise ValueError(f"Invalid learning rate: {group['lr']}")
-        if not 0.0 <= group["eps"]:
-            raise ValueError(f"Invalid epsilon value: {group['eps']}")
-        if not 0.0 <= group["momentum"]:
-            raise ValueError(f"Invalid momentum value: {group['momentum']}")
-        if not 0.0 <= group["weight_decay"]:
-            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
-        if not 0.0 <= group["alpha"]:
-            raise ValueError(f"Invalid alpha value: {group['alpha']}")
-
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         lr = float(group["lr"])
         alpha = float(group["alpha"])
@@ -85,9 +81,7 @@ class RMSprop(Optimizer):
         centered = bool(group["centered"])
         maximize = bool(group["maximize"])
         fresh: set[str] = set()
-        if "step" not in state:
-            state["step"] = 0
-            state["square_avg"] = state_like(p)
+        if count_step(p, state, "square_avg"):
             fresh.add("square_avg")
         # buffers a group gains later (momentum / centered switched on) start at zero, as PyTorch's would
         # be created with the state; PyTorch raises KeyError there, this keeps going
@@ -97,7 +91,6 @@ class RMSprop(Optimizer):
         if centered and state.get("grad_avg") is None:
             state["grad_avg"] = state_like(p)
             fresh.add("grad_avg")
-        state["step"] += 1
         sq_t: Tensor = state["square_avg"]
         ga_t: Tensor | None = state["grad_avg"] if centered else None
         buf_t: Tensor | None = state["momentum_buffer"] if momentum > 0 else None
@@ -121,7 +114,7 @@ class RMSprop(Optimizer):
             sq *= alpha
             sq += ((1.0 - alpha) * d) * d
             if gavg is not None:
-                _lerp_(gavg, d, 1.0 - alpha)
+                lerp_(gavg, d, 1.0 - alpha)
                 avg = sq - gavg * gavg
                 np.sqrt(avg, out=avg)
             else:

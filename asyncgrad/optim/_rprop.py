@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._optimizer import Optimizer, fused_update, state_like
-from ._port_common import check_torch_only_flags, nonneg
+from ._optimizer import Optimizer, count_step, fused_update
+from ._port_common import nonneg, torch_only_flags
 
 __all__ = ["Rprop"]
 
@@ -28,10 +28,9 @@ class Rprop(Optimizer):
         lr: Initial step size (default 1e-2).
         etas: ``(etaminus, etaplus)``, with ``0 < etaminus < 1 < etaplus``.
         step_sizes: ``(min, max)`` step sizes.
-        capturable: Must be False.
-        foreach: Accepted (one fused kernel per parameter either way).
+        foreach, capturable, differentiable: PyTorch's kernel flags: ``foreach`` is accepted (one fused
+            kernel per parameter either way), the other two must be False.
         maximize: Maximize the objective.
-        differentiable: Must be False.
     """
 
     def __init__(
@@ -39,10 +38,8 @@ class Rprop(Optimizer):
         step_sizes: tuple[float, float] = (1e-6, 50), *, capturable: bool = False,
         foreach: bool | None = None, maximize: bool = False, differentiable: bool = False,
     ) -> None:
-        check_torch_only_flags("Rprop", capturable=capturable, differentiable=differentiable)
-        super().__init__(params, {"lr": lr, "etas": tuple(etas), "step_sizes": tuple(step_sizes),
-                                  "foreach": foreach, "maximize": maximize, "capturable": False,
-                                  "differentiable": False})
+        super().__init__(params, {"lr": lr, "etas": tuple(etas), "step_sizes": tuple(step_sizes), "maximize": maximize,
+                                  **torch_only_flags("Rprop", foreach, capturable, differentiable)})
 
     def _check_group(self, group: dict[str, Any]) -> None:
         nonneg("learning rate", group["lr"])
@@ -54,12 +51,7 @@ class Rprop(Optimizer):
         lr, maximize = float(group["lr"]), bool(group["maximize"])
         etaminus, etaplus = (float(e) for e in group["etas"])
         smin, smax = (float(s) for s in group["step_sizes"])
-        first = "step" not in state
-        if first:
-            state["step"] = 0
-            state["prev"] = state_like(p)
-            state["step_size"] = state_like(p)
-        state["step"] += 1
+        first = count_step(p, state, "prev", "step_size")
 
         def kernel(pa: np.ndarray, ga: np.ndarray, prev: np.ndarray, ss: np.ndarray) -> None:
             if first:

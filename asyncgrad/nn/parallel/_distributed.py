@@ -58,18 +58,10 @@ class ReducerStatistics:
     closed: bool
 
 
-def _memory_order(arr: np.ndarray) -> list[int] | None:
-    if arr.flags.c_contiguous:
-        return list(range(arr.ndim))
-    if not runtime.is_dense_nonoverlapping(arr):
-        return None
-    return sorted(range(arr.ndim), key=lambda i: (-abs(arr.strides[i]) if arr.shape[i] > 1 else 0, i))
-
-
 def _strided_view(flat: np.ndarray, param: np.ndarray) -> np.ndarray:
     """A view of ``flat`` (``param.size`` elements) shaped like ``param``, with the layout the gradient
     layout contract gives ``param``'s gradient: its own strides if dense, row-major otherwise."""
-    order = _memory_order(param) or list(range(param.ndim))
+    order = dist.memory_order(param) or list(range(param.ndim))
     mem = flat.reshape([param.shape[i] for i in order])
     return mem.transpose(np.argsort(order)) if param.ndim else mem.reshape(())
 
@@ -474,23 +466,7 @@ def _leaf_edges(outputs: Any) -> Iterator[tuple[Any, int, runtime.Tensor]]:
 
 def _reachable_params(outputs: Any) -> set[int]:
     """ids of the leaf tensors the autograd graph of ``outputs`` reaches."""
-    seen: set[int] = set()
-    found: set[int] = set()
-    stack = [t.grad_fn for t in _tensors_in(outputs) if t.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
-            var = getattr(nxt, "variable", None)
-            if var is not None:
-                found.add(id(var))
-            else:
-                stack.append(nxt)
-    return found
+    return {id(leaf) for _, _, leaf in _leaf_edges(outputs)}
 
 
 def _tensors_in(x: Any) -> Iterator[runtime.Tensor]:
@@ -674,7 +650,7 @@ class DistributedDataParallel(Module):
 
 
 def _layout_desc(a: np.ndarray) -> str:
-    order = _memory_order(a)
+    order = dist.memory_order(a)
     if order is None:
         return "strided"
     # only dims of size > 1 matter (the contract compares strides there)
