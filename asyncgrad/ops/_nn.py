@@ -10,8 +10,8 @@ import numpy as np
 from ..runtime._dispatch import apply
 from ..runtime._factories import default_generator
 from ..runtime._inplace import inplace
-from ..runtime._op import OpError, defop
 from ..runtime._meta import _float_check, _index_arg, _value, broadcast_shapes
+from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP
 from ._math import _erf
