@@ -8,11 +8,11 @@ from contextlib import nullcontext as _nullcontext
 
 import numpy as np
 import pytest
-from gradcheck import gradcheck
 
 import asyncgrad as ag
 from asyncgrad import nn
 from asyncgrad.nn import functional as F
+from tests.gradcheck import gradcheck
 
 # ---- fixes: registration names -----------------------------------------------------------------
 

@@ -8,11 +8,11 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import set_inline_limit
 
 import asyncgrad as ag
 from asyncgrad import nn, optim
 from asyncgrad.optim import lr_scheduler
+from tests._util import set_inline_limit
 
 
 @pytest.fixture(params=["inline", "queued"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trio
-from port_helpers import gradcheck, gradgradcheck
 
 import asyncgrad as ag
+from asyncgrad.autograd import gradcheck, gradgradcheck
 from asyncgrad.ops import scaled_dot_product_attention as sdpa
 
 

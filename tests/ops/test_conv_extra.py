@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import trio
-from port_helpers import gradcheck, gradgradcheck
 
 from asyncgrad import ops
+from asyncgrad.autograd import gradcheck, gradgradcheck
 
 
 @pytest.mark.parametrize(

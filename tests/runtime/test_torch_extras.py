@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gradcheck import gradcheck, gradgradcheck
 
 import asyncgrad as ag
 from asyncgrad import nn
+from tests.gradcheck import gradcheck, gradgradcheck
 
 torch = pytest.importorskip("torch")
 

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-from conftest import set_inline_limit
-from gradcheck import gradcheck, gradgradcheck
 
 import asyncgrad as ag
 from asyncgrad.devices import INLINE_MAX_ELEMENTS
+from tests._util import set_inline_limit
+from tests.gradcheck import gradcheck, gradgradcheck
 
 R = np.random.default_rng(20240601)
 TIMEOUT = 20  # seconds: a hang fails the test instead of the run

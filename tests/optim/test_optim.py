@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-from conftest import set_inline_limit
 
 import asyncgrad as ag
 from asyncgrad import nn, optim
+from tests._util import set_inline_limit
 
 
 def _inline_limit(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:

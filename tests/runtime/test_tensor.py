@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-from conftest import set_inline_limit
-from gradcheck import gradcheck
 
 import asyncgrad as ag
+from tests._util import set_inline_limit
+from tests.gradcheck import gradcheck
 
 TIMEOUT = 30
 

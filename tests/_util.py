@@ -1,11 +1,13 @@
-"""Helpers for the tests of the ported PyTorch layers: torch comparisons and the one gradcheck import.
+"""Helpers shared by the tests: the inline-limit switch and the torch-comparison helpers of the ports.
 
-``gradcheck`` lives in ``tests/gradcheck.py`` today and is moving to ``asyncgrad.autograd.gradcheck``;
-this module is the one place that knows where to find it.
+Fixtures live in ``tests/conftest.py``; this module holds plain functions (and the one autouse fixture,
+``torch_one_thread``, that a module opts into by importing it). Gradient checks are
+``ag.autograd.gradcheck`` / ``ag.autograd.gradgradcheck``, called directly by the tests.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -13,17 +15,19 @@ import pytest
 
 import asyncgrad as ag
 
-# The new home once the package itself has it (``ag.autograd``, bound by asyncgrad's own __init__). Not
-# ``import asyncgrad.autograd``: with the editable install, a submodule this checkout lacks can be found
-# in another checkout's tree.
-_home = getattr(ag, "autograd", None)
-if _home is not None and hasattr(_home, "gradcheck") and hasattr(_home, "gradgradcheck"):
-    _gradcheck, _gradgradcheck = _home.gradcheck, _home.gradgradcheck
-else:
-    from gradcheck import gradcheck as _gradcheck
-    from gradcheck import gradgradcheck as _gradgradcheck
-
 RTOL = 1e-10
+ATOL = 1e-12
+
+
+def set_inline_limit(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """Set the inline fast-path threshold everywhere it was imported.
+
+    ``limit=-1`` sends every kernel (forward, backward rule, in-place) to the worker lanes; a huge limit
+    runs every kernel inline on the calling thread.
+    """
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("asyncgrad") and hasattr(mod, "INLINE_MAX_ELEMENTS"):
+            monkeypatch.setattr(mod, "INLINE_MAX_ELEMENTS", limit)
 
 
 @pytest.fixture(autouse=True)
@@ -41,18 +45,6 @@ def torch_one_thread() -> Any:
         yield
     finally:
         torch.set_num_threads(n)
-
-ATOL = 1e-12
-
-
-async def gradcheck(fn: Any, inputs: Any, **kw: Any) -> bool:
-    """Central-difference gradient check in float64 (see ``tests/gradcheck.py``)."""
-    return bool(await _gradcheck(fn, inputs, **kw))
-
-
-async def gradgradcheck(fn: Any, inputs: Any, **kw: Any) -> bool:
-    """Second-derivative check in float64 (see ``tests/gradcheck.py``)."""
-    return bool(await _gradgradcheck(fn, inputs, **kw))
 
 
 def state_from_torch(tmod: Any) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ import asyncgrad as ag
 from asyncgrad import nn
 from asyncgrad.nn import functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Block(nn.Module):
