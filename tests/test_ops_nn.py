@@ -1,9 +1,10 @@
 """Gradient and value tests for the nn ops: conv2d, pooling, embedding, layer_norm, dropout, logsumexp,
 clamp, gather, index_select, cumsum, einsum, var/std and the losses.
 
-Every op's gradient is checked against central finite differences in float64 (`_fd`); second
-derivatives (``create_graph=True``) against finite differences of the first gradient along random
-directions (`_fd2`). Values and gradients are compared with PyTorch where it is installed.
+Every op's gradient is checked against central finite differences in float64 (``ag.autograd.gradcheck``
+at eps=1e-6, atol=1e-7, rtol=1e-5); second derivatives (``create_graph=True``) against finite differences
+of the first gradient along random directions (``ag.autograd.gradgradcheck(directions=2)``). Values and
+gradients are compared with PyTorch where it is installed.
 """
 
 from __future__ import annotations
@@ -33,70 +34,6 @@ def _copy(a: np.ndarray) -> np.ndarray:
 
 def _weights(shape: tuple[int, ...], seed: int = 7) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape)
-
-
-def _value(fn: Fn, arrays: list[np.ndarray], w: np.ndarray) -> float:
-    with ag.no_grad():
-        out = fn(*[ag.from_numpy(a) for a in arrays])
-        return float((out.numpy() * w).sum())
-
-
-async def _fd(
-    fn: Fn, *inputs: np.ndarray, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1e-7
-) -> list[Any]:
-    """Check ``grad((fn(*inputs) * W).sum())`` against central differences, every element of every input."""
-    arrays = [_copy(a) for a in inputs]
-    leaves = [ag.from_numpy(_copy(a)).requires_grad_() for a in arrays]
-    out = fn(*leaves)
-    w = _weights(out.shape)
-    grads = await ag.grad((out * ag.from_numpy(w)).sum(), leaves)
-    for i, (a, g) in enumerate(zip(arrays, grads)):
-        num = np.zeros(a.shape)
-        for idx in np.ndindex(a.shape):
-            orig = a[idx]
-            a[idx] = orig + eps
-            fp = _value(fn, arrays, w)
-            a[idx] = orig - eps
-            fm = _value(fn, arrays, w)
-            a[idx] = orig
-            num[idx] = (fp - fm) / (2 * eps)
-        np.testing.assert_allclose(g.numpy(), num, rtol=rtol, atol=atol, err_msg=f"gradient of input {i}")
-    return list(grads)
-
-
-async def _fd2(fn: Fn, *inputs: np.ndarray, eps: float = 1e-5, dirs: int = 2, rtol: float = 1e-4) -> None:
-    """Second derivatives: the gradient of h(x) = <grad f(x), V> (recorded with create_graph=True)
-    along random directions U, against (h(x + eps U) - h(x - eps U)) / (2 eps)."""
-    arrays = [_copy(a) for a in inputs]
-    rng = np.random.default_rng(11)
-    vs = [rng.standard_normal(a.shape) for a in arrays]
-    out0 = fn(*[ag.from_numpy(a) for a in arrays])
-    w = _weights(out0.shape)
-
-    async def h(arrs: list[np.ndarray], create: bool) -> tuple[Any, list[Any]]:
-        leaves = [ag.from_numpy(_copy(a)).requires_grad_() for a in arrs]
-        loss = (fn(*leaves) * ag.from_numpy(w)).sum()
-        gs = await ag.grad(loss, leaves, create_graph=create, allow_unused=True)
-        s = None
-        for g, v in zip(gs, vs):
-            if g is not None:
-                t = (g * ag.from_numpy(v)).sum()
-                s = t if s is None else s + t
-        return s, leaves
-
-    s, leaves = await h(arrays, True)
-    if s.requires_grad:
-        hg = await ag.grad(s, leaves, allow_unused=True)
-        hg = [np.zeros(a.shape) if g is None else g.numpy() for a, g in zip(arrays, hg)]
-    else:  # f is linear in its inputs: its gradient is constant
-        hg = [np.zeros(a.shape) for a in arrays]
-    for _ in range(dirs):
-        us = [rng.standard_normal(a.shape) for a in arrays]
-        sp, _ = await h([a + eps * u for a, u in zip(arrays, us)], False)
-        sm, _ = await h([a - eps * u for a, u in zip(arrays, us)], False)
-        num = (sp.item() - sm.item()) / (2 * eps)
-        ana = sum(float((g * u).sum()) for g, u in zip(hg, us))
-        assert ana == pytest.approx(num, rel=rtol, abs=1e-6), (ana, num)
 
 
 def _channels_last(a: np.ndarray) -> np.ndarray:
@@ -147,7 +84,9 @@ CONV_CASES = [
 async def test_conv2d_grad_fd(xs: Any, ws: Any, kw: Any, rng: np.random.Generator) -> None:
     async with ag.open_runtime():
         x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
-        await _fd(lambda x, w, b: ag.conv2d(x, w, b, **kw), x, w, b)
+        await ag.autograd.gradcheck(
+            lambda x, w, b: ag.conv2d(x, w, b, **kw), [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+        )
 
 
 async def test_conv2d_channels_last_grad_fd_and_layout(rng: np.random.Generator) -> None:
@@ -155,7 +94,12 @@ async def test_conv2d_channels_last_grad_fd_and_layout(rng: np.random.Generator)
         x = _channels_last(rng.standard_normal((2, 4, 6, 6)))
         w = _channels_last(rng.standard_normal((6, 2, 3, 3)))
         kw = {"groups": 2, "dilation": (1, 2), "padding": 2, "stride": (1, 2)}
-        gx, gw = await _fd(lambda x, w: ag.conv2d(x, w, None, **kw), x, w)
+        fx, fw = ag.from_numpy(_copy(x)).requires_grad_(), ag.from_numpy(_copy(w)).requires_grad_()
+        fy = ag.conv2d(fx, fw, None, **kw)
+        gx, gw = await ag.grad((fy * ag.from_numpy(_weights(fy.shape))).sum(), [fx, fw])
+        await ag.autograd.gradcheck(
+            lambda x, w: ag.conv2d(x, w, None, **kw), [x, w], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+        )
         # the layout contract: gradients come back with the parameters' (channels-last) strides
         xt = ag.from_numpy(_copy(x)).requires_grad_()
         wt = ag.from_numpy(_copy(w)).requires_grad_()
@@ -199,7 +143,9 @@ async def test_conv2d_mixed_layouts_and_big_batch(rng: np.random.Generator) -> N
 async def test_conv2d_unbatched_and_errors(rng: np.random.Generator) -> None:
     async with ag.open_runtime():
         x, w = rng.standard_normal((3, 5, 5)), rng.standard_normal((2, 3, 3, 3))
-        await _fd(lambda x, w: ag.conv2d(x, w, padding=1), x, w)
+        await ag.autograd.gradcheck(
+            lambda x, w: ag.conv2d(x, w, padding=1), [x, w], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+        )
         with pytest.raises(ag.OpError, match="channels"):
             ag.conv2d(ag.tensor(rng.standard_normal((1, 4, 5, 5))), ag.tensor(w))
         with pytest.raises(ag.OpError, match="divisible by groups"):
@@ -241,8 +187,8 @@ async def test_max_pool2d(k: Any, s: Any, p: Any, d: Any, ceil: bool, rng: np.ra
         def f(x: Any) -> Any:
             return ag.max_pool2d(x, k, s, p, d, ceil)
 
-        await _fd(f, x)
-        await _fd(f, _channels_last(x))
+        await ag.autograd.gradcheck(f, [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
+        await ag.autograd.gradcheck(f, [_channels_last(x)], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         torch = pytest.importorskip("torch")
         await _vs_torch(f, lambda x: torch.nn.functional.max_pool2d(x, k, s, p, d, ceil), x)
         _, idx = ag.max_pool2d(ag.tensor(x), k, s, p, d, ceil, return_indices=True)
@@ -285,8 +231,8 @@ async def test_avg_pool2d(
         def f(x: Any) -> Any:
             return ag.avg_pool2d(x, k, s, p, ceil, cip, div)
 
-        await _fd(f, x)
-        await _fd(f, _channels_last(x))
+        await ag.autograd.gradcheck(f, [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
+        await ag.autograd.gradcheck(f, [_channels_last(x)], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         torch = pytest.importorskip("torch")
         await _vs_torch(f, lambda x: torch.nn.functional.avg_pool2d(x, k, s, p, ceil, cip, div), x)
 
@@ -309,7 +255,7 @@ async def test_embedding(rng: np.random.Generator) -> None:
     async with ag.open_runtime():
         w = rng.standard_normal((6, 3))
         idx = np.array([[0, 2, 2], [5, 1, 2]])
-        await _fd(lambda w: ag.embedding(idx, w), w)
+        await ag.autograd.gradcheck(lambda w: ag.embedding(idx, w), [w], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         # padding_idx and scale_grad_by_freq change the gradient on purpose (no longer the true one)
         for kw in [
             {},
@@ -340,10 +286,19 @@ async def test_layer_norm(rng: np.random.Generator) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((3, 2, 5))
         w, b = rng.standard_normal(5), rng.standard_normal(5)
-        await _fd(lambda x, w, b: ag.layer_norm(x, (5,), w, b), x, w, b)
+        await ag.autograd.gradcheck(
+            lambda x, w, b: ag.layer_norm(x, (5,), w, b), [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+        )
         w2, b2 = rng.standard_normal((2, 5)), rng.standard_normal((2, 5))
-        await _fd(lambda x, w, b: ag.layer_norm(x, (2, 5), w, b, eps=1e-3), x, w2, b2)
-        await _fd(lambda x: ag.layer_norm(x, 5), x)
+        await ag.autograd.gradcheck(
+            lambda x, w, b: ag.layer_norm(x, (2, 5), w, b, eps=1e-3),
+            [x, w2, b2],
+            eps=1e-6,
+            atol=1e-7,
+            rtol=1e-5,
+            seed=7,
+        )
+        await ag.autograd.gradcheck(lambda x: ag.layer_norm(x, 5), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         await _vs_torch(
             lambda x, w, b: ag.layer_norm(x, (2, 5), w, b),
             lambda x, w, b: torch.nn.functional.layer_norm(x, (2, 5), w, b),
@@ -380,7 +335,14 @@ async def test_dropout(rng: np.random.Generator) -> None:
             ag.dropout(x, 1.5)
         # a fixed seed makes it a deterministic function: FD applies
         xs = rng.standard_normal((4, 5))
-        await _fd(lambda x: ag.dropout(x, 0.4, generator=np.random.default_rng(3)), xs)
+        await ag.autograd.gradcheck(
+            lambda x: ag.dropout(x, 0.4, generator=np.random.default_rng(3)),
+            [xs],
+            eps=1e-6,
+            atol=1e-7,
+            rtol=1e-5,
+            seed=7,
+        )
         ag.manual_seed(9)
         d1 = ag.dropout(x, 0.5).numpy()
         ag.manual_seed(9)
@@ -395,7 +357,9 @@ async def test_logsumexp(rng: np.random.Generator) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((3, 4, 5))
         for dim, keep in [(1, False), ((0, 2), True), (-1, True)]:
-            await _fd(lambda x, d=dim, k=keep: ag.logsumexp(x, d, k), x)
+            await ag.autograd.gradcheck(
+                lambda x, d=dim, k=keep: ag.logsumexp(x, d, k), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+            )
             await _vs_torch(
                 lambda x, d=dim, k=keep: ag.logsumexp(x, d, k),
                 lambda x, d=dim, k=keep: torch.logsumexp(x, d, k),
@@ -410,9 +374,9 @@ async def test_clamp(rng: np.random.Generator) -> None:
     async with ag.open_runtime():
         x = rng.uniform(-2, 2, (4, 5))
         x[np.abs(np.abs(x) - 0.5) < 0.01] = 1.0  # keep FD away from the kinks
-        await _fd(lambda x: ag.clamp(x, -0.5, 0.5), x)
-        await _fd(lambda x: x.clamp(min=-0.5), x)
-        await _fd(lambda x: ag.clip(x, max=0.5), x)
+        await ag.autograd.gradcheck(lambda x: ag.clamp(x, -0.5, 0.5), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
+        await ag.autograd.gradcheck(lambda x: x.clamp(min=-0.5), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
+        await ag.autograd.gradcheck(lambda x: ag.clip(x, max=0.5), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         lo = rng.uniform(-1.5, 0, (1, 5))
         hi = rng.uniform(0, 1.5, (4, 1))
         hi[0, 0] = -1.7  # a row where max < min: the result is max everywhere
@@ -423,7 +387,7 @@ async def test_clamp(rng: np.random.Generator) -> None:
                 it = iter(bounds)
                 return mod.clamp(x, None if a is None else next(it), None if b is None else next(it))
 
-            await _fd(f, *ins)
+            await ag.autograd.gradcheck(f, ins, eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
             await _vs_torch(f, lambda *t, f=f: f(*t, mod=torch), *ins)
 
 
@@ -432,11 +396,13 @@ async def test_gather_and_index_select(rng: np.random.Generator) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((4, 5, 3))
         idx = rng.integers(0, 5, (3, 6, 2))  # smaller than x in the other dims; repeats
-        await _fd(lambda x: ag.gather(x, 1, idx), x)
+        await ag.autograd.gradcheck(lambda x: ag.gather(x, 1, idx), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         await _vs_torch(lambda x: x.gather(1, ag.tensor(idx)), lambda x: x.gather(1, torch.tensor(idx)), x)
         sel = np.array([2, 0, 2, 1])
         for dim in (0, 1, -1):
-            await _fd(lambda x, d=dim: ag.index_select(x, d, sel % x.shape[d]), x)
+            await ag.autograd.gradcheck(
+                lambda x, d=dim: ag.index_select(x, d, sel % x.shape[d]), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+            )
             await _vs_torch(
                 lambda x, d=dim: x.index_select(d, ag.tensor(sel % x.shape[d])),
                 lambda x, d=dim: x.index_select(d, torch.tensor(sel % x.shape[d])),
@@ -451,7 +417,7 @@ async def test_cumsum(rng: np.random.Generator) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((3, 4, 2))
         for dim in (0, 1, -1):
-            await _fd(lambda x, d=dim: ag.cumsum(x, d), x)
+            await ag.autograd.gradcheck(lambda x, d=dim: ag.cumsum(x, d), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
             await _vs_torch(lambda x, d=dim: x.cumsum(d), lambda x, d=dim: x.cumsum(d), x)
         i = ag.tensor(np.array([1, 2, 3], dtype=np.int32)).cumsum(0)
         assert i.dtype == np.int64 and i.numpy().tolist() == [1, 3, 6]
@@ -477,7 +443,7 @@ async def test_einsum(eq: str, shapes: Any, rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     async with ag.open_runtime():
         ins = [rng.standard_normal(s) for s in shapes]
-        await _fd(lambda *t: ag.einsum(eq, *t), *ins)
+        await ag.autograd.gradcheck(lambda *t: ag.einsum(eq, *t), ins, eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         await _vs_torch(lambda *t: ag.einsum(eq, *t), lambda *t: torch.einsum(eq, *t), *ins)
 
 
@@ -495,8 +461,8 @@ async def test_var_std(rng: np.random.Generator) -> None:
         ]:
             var = functools.partial(_call_method, "var", args, kw)
             std = functools.partial(_call_method, "std", args, kw)
-            await _fd(var, x)
-            await _fd(std, x)
+            await ag.autograd.gradcheck(var, [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
+            await ag.autograd.gradcheck(std, [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
             await _vs_torch(var, var, x)
             await _vs_torch(std, std, x)
         np.testing.assert_allclose(ag.var(ag.tensor(x), False).item(), x.var())
@@ -530,7 +496,9 @@ async def test_cross_entropy(kw: Any, shape: Any, rng: np.random.Generator) -> N
         kw = dict(kw)
         wv = rng.uniform(0.5, 2.0, c) if kw.pop("weight", False) else None
         aw = None if wv is None else ag.tensor(wv)
-        await _fd(lambda x: ag.cross_entropy(x, t, aw, **kw), x)
+        await ag.autograd.gradcheck(
+            lambda x: ag.cross_entropy(x, t, aw, **kw), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+        )
         tw = None if wv is None else torch.tensor(wv)
         await _vs_torch(
             lambda x: ag.cross_entropy(x, ag.tensor(t), aw, **kw),
@@ -570,7 +538,14 @@ async def test_cross_entropy_probabilities_and_errors(rng: np.random.Generator) 
         p = rng.dirichlet(np.ones(3), (4, 2)).transpose(0, 2, 1)
         wv = rng.uniform(0.5, 2, 3)
         for kw in [{}, {"label_smoothing": 0.2, "reduction": "sum"}, {"reduction": "none"}]:
-            await _fd(lambda x, p, kw=kw: ag.cross_entropy(x, p, ag.tensor(wv), **kw), x, p)
+            await ag.autograd.gradcheck(
+                lambda x, p, kw=kw: ag.cross_entropy(x, p, ag.tensor(wv), **kw),
+                [x, p],
+                eps=1e-6,
+                atol=1e-7,
+                rtol=1e-5,
+                seed=7,
+            )
             await _vs_torch(
                 lambda x, p, kw=kw: ag.cross_entropy(x, p, ag.tensor(wv), **kw),
                 lambda x, p, kw=kw: torch.nn.functional.cross_entropy(x, p, torch.tensor(wv), **kw),
@@ -608,7 +583,7 @@ async def test_nll_loss(kw: Any, rng: np.random.Generator) -> None:
         kw = dict(kw)
         wv = rng.uniform(0.5, 2, 4) if kw.pop("weight", False) else None
         aw, tw = (None, None) if wv is None else (ag.tensor(wv), torch.tensor(wv))
-        await _fd(lambda x: ag.nll_loss(x, t, aw, **kw), x)
+        await ag.autograd.gradcheck(lambda x: ag.nll_loss(x, t, aw, **kw), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         await _vs_torch(
             lambda x: ag.nll_loss(x, ag.tensor(t), aw, **kw),
             lambda x: torch.nn.functional.nll_loss(x, torch.tensor(t), tw, **kw),
@@ -622,8 +597,17 @@ async def test_mse_loss(reduction: str, rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     async with ag.open_runtime():
         x, y, w = rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.uniform(0.1, 1, (3, 4))
-        await _fd(lambda x, y: ag.mse_loss(x, y, reduction=reduction), x, y)
-        await _fd(lambda x, y, w: ag.mse_loss(x, y, reduction=reduction, weight=w), x, y, w)
+        await ag.autograd.gradcheck(
+            lambda x, y: ag.mse_loss(x, y, reduction=reduction), [x, y], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+        )
+        await ag.autograd.gradcheck(
+            lambda x, y, w: ag.mse_loss(x, y, reduction=reduction, weight=w),
+            [x, y, w],
+            eps=1e-6,
+            atol=1e-7,
+            rtol=1e-5,
+            seed=7,
+        )
         await _vs_torch(
             lambda x, y, w: ag.mse_loss(x, y, reduction=reduction, weight=w),
             lambda x, y, w: torch.nn.functional.mse_loss(x, y, reduction=reduction, weight=w),
@@ -652,8 +636,15 @@ async def test_bce_with_logits(reduction: str, rng: np.random.Generator) -> None
         def f(x: Any, t: Any, w: Any, pw: Any) -> Any:
             return ag.binary_cross_entropy_with_logits(x, t, w, reduction=reduction, pos_weight=pw)
 
-        await _fd(f, x, t, w, pw)
-        await _fd(lambda x: ag.binary_cross_entropy_with_logits(x, t, reduction=reduction), x)
+        await ag.autograd.gradcheck(f, [x, t, w, pw], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
+        await ag.autograd.gradcheck(
+            lambda x: ag.binary_cross_entropy_with_logits(x, t, reduction=reduction),
+            [x],
+            eps=1e-6,
+            atol=1e-7,
+            rtol=1e-5,
+            seed=7,
+        )
         # PyTorch gives no gradients for weight and pos_weight: compare with them as constants
         await _vs_torch(
             lambda x, t: f(x, t, ag.tensor(w), ag.tensor(pw)),
@@ -725,7 +716,7 @@ def _second_cases(rng: np.random.Generator) -> dict[str, tuple[Fn, list[np.ndarr
 async def test_second_derivatives(name: str) -> None:
     async with ag.open_runtime():
         fn, ins = _second_cases(np.random.default_rng(42))[name]
-        await _fd2(fn, *ins)
+        await ag.autograd.gradgradcheck(fn, ins, directions=2, eps=1e-5, atol=1e-6, rtol=1e-4, seed=7)
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
