@@ -8,12 +8,14 @@ Fixtures live in ``tests/conftest.py``; this module holds plain functions (and t
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 import asyncgrad as ag
+from asyncgrad.devices import KernelError
 
 RTOL = 1e-10
 ATOL = 1e-12
@@ -100,6 +102,15 @@ class Lib:
     the same source runs on both, which is what porting with the smallest changes means.
     """
 
+    # one attribute holds torch's or asyncgrad's object: typed Any, as nothing else fits both
+    nn: Any
+    F: Any
+    optim: Any
+    tensor: Any
+    arange: Any
+    zeros: Any
+    clip_grad_norm_: Any
+
     def __init__(self, which: str) -> None:
         self.which = which
         if which == "torch":
@@ -132,3 +143,58 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     """``max_i |a_i - b_i| / |b_i|`` over two loss curves of one length."""
     assert len(a) == len(b) and a
     return max(abs(x - y) / max(abs(y), 1e-300) for x, y in zip(a, b))
+
+
+# ---- the op tests' helpers (tests/ops/) ------------------------------------------------------------
+
+Fn = Callable[..., Any]
+
+# a bad index raises IndexError from a kernel run inline, or KernelError (naming it) from one run on a lane
+INDEX_ERRORS = (IndexError, KernelError)
+
+
+def t(a: Any, **kw: Any) -> ag.Tensor:
+    return ag.tensor(np.asarray(a), **kw)
+
+
+def arr(x: ag.Tensor) -> np.ndarray:
+    return x.numpy()
+
+
+def output_weights(shape: tuple[int, ...], seed: int = 7) -> np.ndarray:
+    """The fixed random weighting ``W`` of a non-scalar output: tests differentiate ``(out * W).sum()``."""
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def channels_last(a: np.ndarray) -> np.ndarray:
+    """The same values as ``a`` (N, C, H, W), stored NHWC: a permuted-stride view."""
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+async def vs_torch(ag_fn: Fn, torch_fn: Fn, *inputs: np.ndarray, atol: float = 1e-10) -> None:
+    """Values and gradients (for a random output weighting) against PyTorch, in float64."""
+    torch = pytest.importorskip("torch")
+    leaves = [ag.tensor(a, dtype=np.float64, requires_grad=True) for a in inputs]
+    out = ag_fn(*leaves)
+    tl = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
+    tout = torch_fn(*tl)
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=atol, rtol=1e-9)
+    w = output_weights(out.shape)
+    grads = await ag.grad((out * ag.tensor(w)).sum(), leaves, allow_unused=True)
+    tg = torch.autograd.grad((tout * torch.tensor(w)).sum(), tl, allow_unused=True)
+    for i, (g, t) in enumerate(zip(grads, tg)):
+        gv = np.zeros(inputs[i].shape) if g is None else g.numpy()
+        tv = np.zeros(inputs[i].shape) if t is None else t.numpy()
+        np.testing.assert_allclose(gv, tv, atol=atol, rtol=1e-8, err_msg=f"gradient of input {i}")
+
+
+def torch_or_skip() -> Any:
+    """The torch module, or skip the calling test where it is not installed."""
+    return pytest.importorskip("torch")
+
+
+def torch_pair(a: np.ndarray, rg: bool = False) -> tuple[ag.Tensor, Any]:
+    """The same float64 values as an asyncgrad tensor and a torch tensor (torch must be installed)."""
+    import torch
+
+    return ag.tensor(a, dtype=ag.float64, requires_grad=rg), torch.tensor(a, dtype=torch.float64, requires_grad=rg)
