@@ -145,6 +145,11 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / max(abs(y), 1e-300) for x, y in zip(a, b))
 
 
+def leaf(values: Any) -> ag.Tensor:
+    """A float64 leaf that requires grad."""
+    return ag.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)
+
+
 # ---- the op tests' helpers (tests/ops/) ------------------------------------------------------------
 
 Fn = Callable[..., Any]
