@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -21,14 +19,3 @@ async def rt():
 def rng():
     """A seeded generator, so failures reproduce."""
     return np.random.default_rng(1234)
-
-
-def set_inline_limit(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
-    """Set the inline fast-path threshold everywhere it was imported.
-
-    ``limit=-1`` sends every kernel (forward, backward rule, in-place) to the worker lanes; a huge limit
-    runs every kernel inline on the calling thread.
-    """
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("asyncgrad") and hasattr(mod, "INLINE_MAX_ELEMENTS"):
-            monkeypatch.setattr(mod, "INLINE_MAX_ELEMENTS", limit)

@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trio
-from port_helpers import (
+
+import asyncgrad as ag
+from asyncgrad import nn
+from asyncgrad.nn import functional as F
+from tests._util import (
     assert_close,
     assert_grads_match,
     load_from_torch,
     pair,
     torch_one_thread,  # noqa: F401  (autouse: torch on one thread)
 )
-
-import asyncgrad as ag
-from asyncgrad import nn
-from asyncgrad.nn import functional as F
 
 torch = pytest.importorskip("torch")
 
@@ -214,7 +214,7 @@ async def test_parameter_shapes_and_init(rt) -> None:
 async def test_on_lanes(rt, rng, monkeypatch) -> None:
     """Every kernel queued on the lanes: a small decoder (ConvTranspose2d, GroupNorm, Upsample, adaptive
     pooling, Conv1d over the rows) matches torch in values and every gradient."""
-    from conftest import set_inline_limit
+    from tests._util import set_inline_limit
 
     set_inline_limit(monkeypatch, -1)
 

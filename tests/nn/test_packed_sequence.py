@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trio
-from port_helpers import (
+
+import asyncgrad as ag
+from asyncgrad import nn
+from asyncgrad.nn.utils import rnn as R
+from tests._util import (
     assert_close,
     assert_grads_match,
     load_from_torch,
     pair,
     torch_one_thread,  # noqa: F401  (autouse: torch on one thread)
 )
-
-import asyncgrad as ag
-from asyncgrad import nn
-from asyncgrad.nn.utils import rnn as R
 
 torch = pytest.importorskip("torch")
 TR = torch.nn.utils.rnn

@@ -7,16 +7,16 @@ import warnings
 import numpy as np
 import pytest
 import trio
-from port_helpers import (
+
+import asyncgrad as ag
+from asyncgrad import nn
+from tests._util import (
     assert_close,
     assert_grads_match,
     load_from_torch,
     pair,
     torch_one_thread,  # noqa: F401  (autouse: torch on one thread)
 )
-
-import asyncgrad as ag
-from asyncgrad import nn
 
 torch = pytest.importorskip("torch")
 
@@ -232,7 +232,7 @@ async def test_one_op_per_layer_direction(rt, rng) -> None:
 async def test_lanes_and_inline_give_the_same_values(rt, rng, monkeypatch, limit) -> None:
     """Every kernel queued on the lanes (pending inputs, views of a pending packed buffer) or every kernel
     inline: the same outputs and gradients as torch."""
-    from conftest import set_inline_limit
+    from tests._util import set_inline_limit
 
     set_inline_limit(monkeypatch, limit)
     with trio.fail_after(60):

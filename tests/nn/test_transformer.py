@@ -8,17 +8,17 @@ import warnings
 import numpy as np
 import pytest
 import trio
-from port_helpers import (
+
+import asyncgrad as ag
+from asyncgrad import nn
+from asyncgrad.nn import functional as F
+from tests._util import (
     assert_close,
     assert_grads_match,
     load_from_torch,
     pair,
     torch_one_thread,  # noqa: F401  (autouse: torch on one thread)
 )
-
-import asyncgrad as ag
-from asyncgrad import nn
-from asyncgrad.nn import functional as F
 
 torch = pytest.importorskip("torch")
 warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
@@ -290,7 +290,7 @@ async def test_encoder_stack_deep_copies_its_layer(rt, rng) -> None:
 async def test_on_lanes_with_create_graph(rt, rng, monkeypatch) -> None:
     """Every kernel queued on the lanes: an encoder layer matches torch, and a gradient penalty through
     attention (create_graph=True, then backward of the gradient's norm) matches torch's too."""
-    from conftest import set_inline_limit
+    from tests._util import set_inline_limit
 
     set_inline_limit(monkeypatch, -1)
     with trio.fail_after(60):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trio
-from port_helpers import gradcheck, gradgradcheck
 
 import asyncgrad as ag
 from asyncgrad.ops import recurrent_layer
@@ -38,7 +37,7 @@ async def test_recurrent_layer_gradcheck(rt, rng, mode, reverse) -> None:
 
     inputs = [x, h0, c0, w_ih, w_hh, b_ih, b_hh] if lstm else [x, h0, w_ih, w_hh, b_ih, b_hh]
     with trio.fail_after(60):
-        assert await gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
+        assert await ag.autograd.gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -60,7 +59,7 @@ async def test_projected_lstm_gradcheck(rt, rng, reverse) -> None:
         return ag.cat([y.reshape(-1), hn.reshape(-1) * 2.0, cn.reshape(-1) * 3.0], 0)
 
     with trio.fail_after(60):
-        assert await gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
+        assert await ag.autograd.gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["rnn_tanh", "lstm", "gru"])
@@ -88,7 +87,7 @@ async def test_recurrent_layer_with_lengths_gradcheck(rt, rng, mode, reverse) ->
         return ag.cat(parts, 0)
 
     with trio.fail_after(60):
-        assert await gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
+        assert await ag.autograd.gradcheck(fn, inputs, atol=1e-7, rtol=1e-6)
     t = [ag.tensor(a) for a in inputs]
     x, h0, c0 = t[0], t[1], (t[2] if lstm else None)
     wi, wh, bi = t[-3:]
@@ -102,7 +101,9 @@ async def test_recurrent_layer_without_bias_and_errors(rt, rng) -> None:
     w_ih = rng.standard_normal((6, 2)) * 0.5
     w_hh = rng.standard_normal((6, 2)) * 0.5
     with trio.fail_after(60):
-        assert await gradcheck(lambda *a: recurrent_layer("gru", *a[:2], None, *a[2:])[0], [x, h0, w_ih, w_hh])
+        assert await ag.autograd.gradcheck(
+            lambda *a: recurrent_layer("gru", *a[:2], None, *a[2:])[0], [x, h0, w_ih, w_hh]
+        )
     t = ag.tensor
     with pytest.raises(ag.OpError, match=r"weight_ih of shape \(6, 2\) does not fit an input of shape \(3, 2, 5\)"):
         recurrent_layer("gru", t(np.zeros((3, 2, 5))), t(h0), None, t(w_ih), t(w_hh))
@@ -155,4 +156,4 @@ async def test_recurrent_layer_second_derivatives(rt, rng, mode, reverse, proj, 
         return ag.cat(parts, 0)
 
     with trio.fail_after(120):
-        assert await gradgradcheck(fn, inputs, atol=1e-6, rtol=1e-5)
+        assert await ag.autograd.gradgradcheck(fn, inputs, atol=1e-6, rtol=1e-5)

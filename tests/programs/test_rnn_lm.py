@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trio
-from port_helpers import (
+
+from tests._util import (
     Lib,
     load_from_torch,
     max_rel_diff,

@@ -114,3 +114,35 @@ async def test_mlp_parity_with_torch(opt_name: str) -> None:
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
 async def test_cnn_parity_with_torch(opt_name: str) -> None:
     await _parity("cnn", opt_name)
+
+
+# ---- state_dict values ---------------------------------------------------------------------------------------
+
+
+async def test_state_dict_values_behave_as_torch(rt: ag.Runtime) -> None:
+    m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    tm = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    sd, tsd = m.state_dict(), tm.state_dict()
+    assert list(sd) == list(tsd)
+    for k in sd:
+        v, tv = sd[k], tsd[k]
+        assert isinstance(v, ag.Tensor) and not v.requires_grad and v.is_leaf
+        assert tuple(v.size()) == tuple(tv.size()) and v.dim() == tv.dim()
+        c = v.clone()
+        assert c is not v and c.shape == v.shape
+    w0 = sd["0.weight"].numpy().copy()
+    with ag.no_grad():
+        m[0].weight.add_(1.0)  # a copy: later updates do not show through
+    np.testing.assert_array_equal(sd["0.weight"].numpy(), w0)
+    # torch-format state dicts load: plain values, and parameters that require grad (keep_vars=True)
+    m.load_state_dict(tm.state_dict())
+    m.load_state_dict(tm.state_dict(keep_vars=True))
+    np.testing.assert_array_equal(m[0].weight.numpy(), tm[0].weight.detach().numpy())
+    # and our values load into torch
+    tm.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in m.state_dict().items()})
+    # channels-last parameter layouts survive state_dict
+    conv = nn.Conv2d(2, 3, 3)
+    with ag.no_grad():
+        cl = ag.tensor(np.ascontiguousarray(conv.weight.numpy().transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2))
+    conv.weight = nn.Parameter(cl)
+    assert conv.state_dict()["weight"].stride() == cl.stride()

@@ -30,7 +30,7 @@ def _load_example():
     name = "serve_and_train"
     if name in sys.modules:
         return sys.modules[name]
-    path = Path(__file__).resolve().parents[1] / "examples" / "serve_and_train.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "serve_and_train.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod

@@ -1,29 +1,35 @@
-"""Helpers for the tests of the ported PyTorch layers: torch comparisons and the one gradcheck import.
+"""Helpers shared by the tests: the inline-limit switch and the torch-comparison helpers of the ports.
 
-``gradcheck`` lives in ``tests/gradcheck.py`` today and is moving to ``asyncgrad.autograd.gradcheck``;
-this module is the one place that knows where to find it.
+Fixtures live in ``tests/conftest.py``; this module holds plain functions (and the one autouse fixture,
+``torch_one_thread``, that a module opts into by importing it). Gradient checks are
+``ag.autograd.gradcheck`` / ``ag.autograd.gradgradcheck``, called directly by the tests.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 import asyncgrad as ag
-
-# The new home once the package itself has it (``ag.autograd``, bound by asyncgrad's own __init__). Not
-# ``import asyncgrad.autograd``: with the editable install, a submodule this checkout lacks can be found
-# in another checkout's tree.
-_home = getattr(ag, "autograd", None)
-if _home is not None and hasattr(_home, "gradcheck") and hasattr(_home, "gradgradcheck"):
-    _gradcheck, _gradgradcheck = _home.gradcheck, _home.gradgradcheck
-else:
-    from gradcheck import gradcheck as _gradcheck
-    from gradcheck import gradgradcheck as _gradgradcheck
+from asyncgrad.devices import KernelError
 
 RTOL = 1e-10
+ATOL = 1e-12
+
+
+def set_inline_limit(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """Set the inline fast-path threshold everywhere it was imported.
+
+    ``limit=-1`` sends every kernel (forward, backward rule, in-place) to the worker lanes; a huge limit
+    runs every kernel inline on the calling thread.
+    """
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("asyncgrad") and hasattr(mod, "INLINE_MAX_ELEMENTS"):
+            monkeypatch.setattr(mod, "INLINE_MAX_ELEMENTS", limit)
 
 
 @pytest.fixture(autouse=True)
@@ -41,18 +47,6 @@ def torch_one_thread() -> Any:
         yield
     finally:
         torch.set_num_threads(n)
-
-ATOL = 1e-12
-
-
-async def gradcheck(fn: Any, inputs: Any, **kw: Any) -> bool:
-    """Central-difference gradient check in float64 (see ``tests/gradcheck.py``)."""
-    return bool(await _gradcheck(fn, inputs, **kw))
-
-
-async def gradgradcheck(fn: Any, inputs: Any, **kw: Any) -> bool:
-    """Second-derivative check in float64 (see ``tests/gradcheck.py``)."""
-    return bool(await _gradgradcheck(fn, inputs, **kw))
 
 
 def state_from_torch(tmod: Any) -> dict[str, np.ndarray]:
@@ -108,6 +102,15 @@ class Lib:
     the same source runs on both, which is what porting with the smallest changes means.
     """
 
+    # one attribute holds torch's or asyncgrad's object: typed Any, as nothing else fits both
+    nn: Any
+    F: Any
+    optim: Any
+    tensor: Any
+    arange: Any
+    zeros: Any
+    clip_grad_norm_: Any
+
     def __init__(self, which: str) -> None:
         self.which = which
         if which == "torch":
@@ -140,3 +143,63 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     """``max_i |a_i - b_i| / |b_i|`` over two loss curves of one length."""
     assert len(a) == len(b) and a
     return max(abs(x - y) / max(abs(y), 1e-300) for x, y in zip(a, b))
+
+
+def leaf(values: Any) -> ag.Tensor:
+    """A float64 leaf that requires grad."""
+    return ag.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)
+
+
+# ---- the op tests' helpers (tests/ops/) ------------------------------------------------------------
+
+Fn = Callable[..., Any]
+
+# a bad index raises IndexError from a kernel run inline, or KernelError (naming it) from one run on a lane
+INDEX_ERRORS = (IndexError, KernelError)
+
+
+def t(a: Any, **kw: Any) -> ag.Tensor:
+    return ag.tensor(np.asarray(a), **kw)
+
+
+def arr(x: ag.Tensor) -> np.ndarray:
+    return x.numpy()
+
+
+def output_weights(shape: tuple[int, ...], seed: int = 7) -> np.ndarray:
+    """The fixed random weighting ``W`` of a non-scalar output: tests differentiate ``(out * W).sum()``."""
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def channels_last(a: np.ndarray) -> np.ndarray:
+    """The same values as ``a`` (N, C, H, W), stored NHWC: a permuted-stride view."""
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+async def vs_torch(ag_fn: Fn, torch_fn: Fn, *inputs: np.ndarray, atol: float = 1e-10) -> None:
+    """Values and gradients (for a random output weighting) against PyTorch, in float64."""
+    torch = pytest.importorskip("torch")
+    leaves = [ag.tensor(a, dtype=np.float64, requires_grad=True) for a in inputs]
+    out = ag_fn(*leaves)
+    tl = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
+    tout = torch_fn(*tl)
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=atol, rtol=1e-9)
+    w = output_weights(out.shape)
+    grads = await ag.grad((out * ag.tensor(w)).sum(), leaves, allow_unused=True)
+    tg = torch.autograd.grad((tout * torch.tensor(w)).sum(), tl, allow_unused=True)
+    for i, (g, t) in enumerate(zip(grads, tg)):
+        gv = np.zeros(inputs[i].shape) if g is None else g.numpy()
+        tv = np.zeros(inputs[i].shape) if t is None else t.numpy()
+        np.testing.assert_allclose(gv, tv, atol=atol, rtol=1e-8, err_msg=f"gradient of input {i}")
+
+
+def torch_or_skip() -> Any:
+    """The torch module, or skip the calling test where it is not installed."""
+    return pytest.importorskip("torch")
+
+
+def torch_pair(a: np.ndarray, rg: bool = False) -> tuple[ag.Tensor, Any]:
+    """The same float64 values as an asyncgrad tensor and a torch tensor (torch must be installed)."""
+    import torch
+
+    return ag.tensor(a, dtype=ag.float64, requires_grad=rg), torch.tensor(a, dtype=torch.float64, requires_grad=rg)

@@ -1,216 +1,252 @@
-"""asyncgrad.nn against PyTorch: Module fixes (names, train, containers, dtype casts, load_state_dict)
-and the added activations, losses, functionals, containers and BatchNorm."""
+"""The layers, activations, losses and ``nn.functional`` (``nn/_layers.py``, ``nn/_loss.py``,
+``nn/functional.py``, ``nn/init.py``): values and gradients against numpy, finite differences and PyTorch.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
 from contextlib import nullcontext as _nullcontext
 
 import numpy as np
 import pytest
-from gradcheck import gradcheck
 
 import asyncgrad as ag
 from asyncgrad import nn
 from asyncgrad.nn import functional as F
+from tests._util import torch_or_skip
 
-# ---- fixes: registration names -----------------------------------------------------------------
-
-
-async def test_register_existing_name_raises_keyerror(rt) -> None:
-    m = nn.Linear(2, 2)
-    with pytest.raises(KeyError, match="attribute 'weight' already exists"):
-        m.register_buffer("weight", ag.zeros(1))
-    assert list(m.state_dict()) == ["weight", "bias"]
-    with pytest.raises(KeyError, match="already exists"):
-        m.add_module("bias", nn.ReLU())
-    m.register_buffer("buf", ag.zeros(1))
-    with pytest.raises(KeyError, match="attribute 'buf' already exists"):
-        m.register_parameter("buf", nn.Parameter(ag.zeros(1)))
-    with pytest.raises(KeyError, match="already exists"):
-        m.register_buffer("forward", ag.zeros(1))  # a method
-    m.plain = 3
-    with pytest.raises(KeyError, match="already exists"):
-        m.register_buffer("plain", ag.zeros(1))
-    s = nn.Sequential(nn.ReLU())
-    with pytest.raises(KeyError, match="already exists"):
-        s.register_parameter("0", nn.Parameter(ag.zeros(1)))
-    # the same kind may be registered again (replaced), as in PyTorch
-    m.register_buffer("buf", ag.ones(2))
-    assert m.buf.shape == (2,)
-    m.register_parameter("bias", None)
-    assert m.bias is None
+# ---- layers and losses -------------------------------------------------------------------------
 
 
-# ---- fixes: train() calls the children's train() --------------------------------------------------
+def _fd_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    g = np.zeros_like(x)
+    for i in range(x.size):
+        xp, xm = x.copy(), x.copy()
+        xp.flat[i] += eps
+        xm.flat[i] -= eps
+        g.flat[i] = (f(xp) - f(xm)) / (2 * eps)
+    return g
 
 
-async def test_train_calls_children_train(rt) -> None:
-    calls = []
-
-    class Frozen(nn.Module):
-        def train(self, mode: bool = True) -> nn.Module:
-            calls.append(mode)
-            return super().train(False)  # always stays in eval mode
-
-    inner = Frozen()
-    net = nn.Sequential(nn.Linear(2, 2), nn.Sequential(inner, nn.Dropout()))
-    net.train()
-    assert calls == [True]
-    assert net.training and net[0].training and net[1].training and not inner.training
-    assert net[1][1].training
-    net.eval()
-    assert calls == [True, False]
-    assert not net.training and not net[1][1].training and not inner.training
-    with pytest.raises(ValueError):
-        net.train("yes")  # type: ignore[arg-type]
+async def test_dropout_eval_is_identity_and_train_scales() -> None:
+    async with ag.open_runtime():
+        ag.manual_seed(3)
+        d = nn.Dropout(0.25)
+        x = ag.tensor(np.ones((200, 50)))
+        d.eval()
+        assert d(x) is x  # exactly the input, like PyTorch
+        assert F.dropout(x, 0.25, training=False) is x
+        d.train()
+        y = d(x).numpy()
+        kept = y != 0
+        assert 0.70 < kept.mean() < 0.80
+        assert np.allclose(y[kept], 1 / 0.75)
+        with pytest.raises(ValueError):
+            nn.Dropout(1.5)
 
 
-# ---- fixes: ModuleList / Sequential as lists --------------------------------------------------------
+async def test_dropout_with_its_own_generator_is_reproducible_whatever_else_draws() -> None:
+    # concurrent trainings share the thread's default generator; a module given its own generator draws
+    # the same masks however the other draws interleave with it
+    async with ag.open_runtime():
+        x = ag.tensor(np.ones((64, 32)))
+        runs = []
+        for other_draws in (0, 3):
+            d = nn.Dropout(0.5, generator=np.random.default_rng(11))
+            masks = []
+            for _ in range(3):
+                for _ in range(other_draws):
+                    F.dropout(x, 0.5)  # another training drawing from the default generator
+                masks.append(d(x).numpy() != 0)
+            runs.append(masks)
+        for a, b in zip(*runs):
+            assert np.array_equal(a, b)
+        assert not np.array_equal(runs[0][0], runs[0][1])  # a new mask per call
+        # and the mask is the one F.dropout draws from a generator in the same state
+        ref = F.dropout(x, 0.5, generator=np.random.default_rng(11)).numpy() != 0
+        assert np.array_equal(ref, runs[0][0])
 
 
-async def test_modulelist_list_api(rt) -> None:
-    a, b, c, d = nn.ReLU(), nn.Tanh(), nn.Sigmoid(), nn.Identity()
-    ml = nn.ModuleList([a, b, c])
-    tail = ml[1:]
-    assert isinstance(tail, nn.ModuleList) and list(tail) == [b, c]
-    assert ml[-1] is c
-    with pytest.raises(IndexError, match="out of range"):
-        ml[3]
-    ml.insert(1, d)
-    assert list(ml) == [a, d, b, c] and list(ml._modules) == ["0", "1", "2", "3"]
-    assert ml.pop(1) is d
-    assert list(ml) == [a, b, c] and list(ml._modules) == ["0", "1", "2"]
-    ml[0] = d
-    assert list(ml) == [d, b, c]
-    del ml[0]
-    assert list(ml) == [b, c] and list(ml._modules) == ["0", "1"]
-    del ml[:1]
-    assert list(ml) == [c]
-    ml.extend([a, b])
-    assert list(ml) == [c, a, b]
-    both = ml + nn.ModuleList([d])
-    assert isinstance(both, nn.ModuleList) and list(both) == [c, a, b, d]
-    ml += [d]
-    assert list(ml) == [c, a, b, d]
-    with pytest.raises(TypeError):
-        ml.extend(3)  # type: ignore[arg-type]
-    lin = nn.ModuleList([nn.Linear(2, 3), nn.Linear(3, 1)])
-    assert list(lin.state_dict()) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+# ---- initialisation ----------------------------------------------------------------------------
 
 
-async def test_sequential_list_api(rt) -> None:
-    a, b, c, d = nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1), nn.Identity()
-    s = nn.Sequential(a, b, c)
-    tail = s[1:]
-    assert isinstance(tail, nn.Sequential) and list(tail) == [b, c]
-    assert list(tail._modules) == ["1", "2"]  # PyTorch keeps the keys of a slice
-    named = nn.Sequential(OrderedDict([("fc", a), ("act", b)]))
-    assert list(named[:1]._modules) == ["fc"]
-    s.insert(1, d)
-    assert list(s) == [a, d, b, c] and list(s._modules) == ["0", "1", "2", "3"]
-    assert s.pop(1) is d
-    assert list(s) == [a, b, c]
-    s[1] = d
-    assert list(s) == [a, d, c]
-    del s[1]
-    assert list(s) == [a, c] and list(s._modules) == ["0", "1"]
-    s.append(b)
-    s.extend([d])
-    assert list(s) == [a, c, b, d]
-    s2 = nn.Sequential(a) + nn.Sequential(b)
-    assert list(s2) == [a, b]
-    with pytest.raises(IndexError):
-        s.insert(9, d)
-    with pytest.raises(IndexError):
-        s[4]
-    x = ag.randn(3, 2)
-    out = nn.Sequential(a, b, c)(x)
-    assert out.shape == (3, 1)
+async def test_default_init_matches_pytorch_bounds() -> None:
+    async with ag.open_runtime():
+        ag.manual_seed(0)
+        lin = nn.Linear(400, 300)
+        bound = 1 / math.sqrt(400)  # kaiming_uniform_(a=sqrt(5)) == U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        w = lin.weight.numpy()
+        b = lin.bias.numpy()
+        assert w.dtype == np.float32 and w.shape == (300, 400)
+        assert np.abs(w).max() <= bound and np.abs(w).max() > 0.99 * bound
+        assert abs(w.mean()) < 0.01 * bound
+        assert abs(w.var() - bound**2 / 3) < 0.02 * bound**2  # variance of U(-a, a) is a^2 / 3
+        assert np.abs(b).max() <= bound and b.std() > 0.4 * bound
+        conv = nn.Conv2d(6, 8, (3, 5), groups=2)
+        fan_in = 3 * 3 * 5
+        cb = 1 / math.sqrt(fan_in)
+        cw = conv.weight.numpy()
+        assert cw.shape == (8, 3, 3, 5)
+        assert np.abs(cw).max() <= cb and np.abs(cw).max() > 0.9 * cb
+        assert np.abs(conv.bias.numpy()).max() <= cb
+        emb = nn.Embedding(1000, 16, padding_idx=2)
+        e = emb.weight.numpy()
+        assert abs(e.std() - 1) < 0.05 and np.all(e[2] == 0)
+        ln = nn.LayerNorm(7)
+        assert np.all(ln.weight.numpy() == 1) and np.all(ln.bias.numpy() == 0)
 
 
-# ---- fixes: dtype casts keep the Parameter objects ---------------------------------------------------
+async def test_init_is_reproducible_from_the_seed() -> None:
+    async with ag.open_runtime():
+        ag.manual_seed(42)
+        a = nn.Linear(5, 4)
+        ag.manual_seed(42)
+        b = nn.Linear(5, 4)
+        c = nn.Linear(5, 4)
+        assert np.array_equal(a.weight.numpy(), b.weight.numpy())
+        assert not np.array_equal(b.weight.numpy(), c.weight.numpy())
+        g = np.random.default_rng(1)
+        t = ag.empty(30, 20)
+        nn.init.xavier_uniform_(t, generator=g)
+        assert np.abs(t.numpy()).max() <= math.sqrt(6 / 50)
+        nn.init.kaiming_normal_(t, nonlinearity="relu", generator=g)
+        assert abs(t.numpy().std() - math.sqrt(2 / 20)) < 0.03
+        nn.init.trunc_normal_(t, std=0.5, a=-0.4, b=0.4, generator=g)
+        assert np.abs(t.numpy()).max() <= 0.4
+        nn.init.orthogonal_(t, generator=g)
+        q = t.numpy().astype(np.float64)
+        assert np.allclose(q.T @ q, np.eye(20), atol=1e-5)
+        assert nn.init.calculate_gain("leaky_relu", math.sqrt(5)) == pytest.approx(math.sqrt(1 / 3))
+        assert nn.init.calculate_gain("tanh") == pytest.approx(5 / 3)
 
 
-async def test_to_dtype_keeps_parameters_and_casts_grads(rt) -> None:
-    ag.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
-    params = list(model.parameters())
-    opt = ag.optim.SGD(model.parameters(), lr=0.1)
-    x = ag.randn(5, 3)
-    await model(x).sum().backward()
-    model.double()
-    assert list(model.parameters()) == params  # the same objects
-    assert all(p is q for p, q in zip(model.parameters(), params))
-    for p in model.parameters():
-        assert p.dtype == np.float64 and p.grad is not None and p.grad.dtype == np.float64
-        assert isinstance(p, nn.Parameter) and p.requires_grad and p.is_leaf
-    before = [p.numpy().copy() for p in params]
-    opt.step()  # the optimizer built before .double() still updates the model
-    for p, b in zip(params, before):
-        assert p.dtype == np.float64
-        assert not np.allclose(p.numpy(), b)
-    opt.zero_grad()
-    loss = model(x.double()).sum()
-    assert loss.dtype == np.float64
-    await loss.backward()
-    assert params[0].grad is not None and params[0].grad.dtype == np.float64
-    model.float()
-    assert all(p.dtype == np.float32 and p is q for p, q in zip(model.parameters(), params))
-    model.half()
-    assert params[0].dtype == np.float16
-    model.to(ag.float32)
-    assert params[0].dtype == np.float32
-    model.type(ag.float64)
-    assert params[0].dtype == np.float64
-    assert model.cpu() is model
-    with pytest.raises(TypeError):
-        model.to(ag.int64)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+async def test_gelu_values_and_gradients(approximate: str) -> None:
+    async with ag.open_runtime():
+        xs = np.linspace(-4, 4, 17)
+
+        def ref(a: np.ndarray) -> np.ndarray:
+            if approximate == "tanh":
+                return 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)))
+            return np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in a])
+
+        x = ag.tensor(xs, dtype=np.float64, requires_grad=True)
+        y = nn.GELU(approximate)(x)
+        assert np.allclose(y.numpy(), ref(xs), rtol=1e-12, atol=1e-14)
+        w = np.random.default_rng(0).standard_normal(xs.shape)
+        (g,) = await ag.grad((y * ag.tensor(w)).sum(), [x], create_graph=True)
+        assert np.allclose(g.numpy(), _fd_grad(lambda a: float((ref(a) * w).sum()), xs), rtol=1e-6, atol=1e-8)
+        # second derivative through the recorded backward: d/dx sum(w * gelu'(x)) = w * gelu''(x)
+        (gg,) = await ag.grad(g.sum(), [x])
+
+        def dref(a: np.ndarray) -> np.ndarray:  # gelu' (checked against finite differences above)
+            if approximate == "tanh":
+                k = math.sqrt(2 / math.pi)
+                t = np.tanh(k * (a + 0.044715 * a**3))
+                return 0.5 * (1 + t) + 0.5 * a * (1 - t * t) * k * (1 + 3 * 0.044715 * a * a)
+            cdf = np.array([0.5 * (1 + math.erf(v / math.sqrt(2))) for v in a])
+            return cdf + a * np.exp(-a * a / 2) / math.sqrt(2 * math.pi)
+
+        assert np.allclose(g.numpy(), w * dref(xs), rtol=1e-10, atol=1e-12)
+        assert np.allclose(gg.numpy(), w * _fd_grad(lambda a: float(dref(a).sum()), xs), rtol=1e-6, atol=1e-8)
+        assert nn.GELU(approximate)(ag.tensor(xs.astype(np.float32))).dtype == np.float32
 
 
-async def test_to_dtype_casts_buffers_and_get_parameter_buffer(rt) -> None:
-    m = nn.Module()
-    m.fc = nn.Linear(2, 2)
-    m.fc.register_buffer("count", ag.zeros(1, dtype="int64"))
-    m.register_buffer("stat", ag.zeros(2))
-    m.double()
-    assert m.stat.dtype == np.float64 and m.fc.count.dtype == np.int64
-    assert m.get_parameter("fc.weight") is m.fc.weight
-    assert m.get_buffer("fc.count") is m.fc.count
-    assert m.get_buffer("stat") is m.stat
-    assert m.get_submodule("fc") is m.fc
-    with pytest.raises(AttributeError):
-        m.get_parameter("fc.count")
-    with pytest.raises(AttributeError):
-        m.get_buffer("fc.weight")
-    with pytest.raises(AttributeError):
-        m.get_parameter("fc.nothing")
-    with pytest.raises(AttributeError):
-        m.get_submodule("nothing")
+@pytest.mark.parametrize("shape,bias", [((5, 4), True), ((2, 3, 4), True), ((4,), False)])
+async def test_linear_op_gradients_and_double_backward(shape: tuple, bias: bool) -> None:
+    rng = np.random.default_rng(4)
+    x0, w0, b0 = rng.standard_normal(shape), rng.standard_normal((3, 4)), rng.standard_normal(3)
+    wout = rng.standard_normal((*shape[:-1], 3))
+
+    def ref(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> float:
+        return float((((x @ w.T) + (b if bias else 0)) * wout).sum())
+
+    async with ag.open_runtime():
+        x = ag.tensor(x0, requires_grad=True)
+        w = ag.tensor(w0, requires_grad=True)
+        b = ag.tensor(b0, requires_grad=True) if bias else None
+        y = F.linear(x, w, b)
+        assert y.shape == (*shape[:-1], 3)
+        assert np.allclose(y.numpy(), x0 @ w0.T + (b0 if bias else 0))
+        inputs = [x, w] + ([b] if bias else [])
+        grads = await ag.grad((y * ag.tensor(wout)).sum(), inputs, create_graph=True)
+        refs = [
+            _fd_grad(lambda a: ref(a, w0, b0), x0),
+            _fd_grad(lambda a: ref(x0, a, b0), w0),
+            _fd_grad(lambda a: ref(x0, w0, a), b0),
+        ]
+        for g, r in zip(grads, refs):
+            assert np.allclose(g.numpy(), r, rtol=1e-6, atol=1e-8)
+        assert grads[1].numpy().flags.c_contiguous  # the weight's gradient needs no layout copy
+        # second order: d/dw sum(dL/dx * v) = v^T-weighted wout, through the recorded backward
+        v = rng.standard_normal(shape)
+        (gw2,) = await ag.grad((grads[0] * ag.tensor(v)).sum(), [w])
+        assert np.allclose(gw2.numpy(), wout.reshape(-1, 3).T @ v.reshape(-1, 4))
 
 
-# ---- fixes: load_state_dict's result ------------------------------------------------------------------
+async def test_layers_forward_values() -> None:
+    async with ag.open_runtime():
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((3, 5))
+        lin = nn.Linear(5, 4).double()
+        out = lin(ag.tensor(x))
+        assert np.allclose(out.numpy(), x @ lin.weight.numpy().T + lin.bias.numpy())
+        ln = nn.LayerNorm(5, dtype=np.float64)
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        assert np.allclose(ln(ag.tensor(x)).numpy(), (x - mu) / np.sqrt(var + 1e-5))
+        emb = nn.Embedding(10, 3)
+        idx = np.array([[1, 2], [9, 1]])
+        assert np.array_equal(emb(idx).numpy(), emb.weight.numpy()[idx])
+        fl = nn.Flatten()
+        assert fl(ag.tensor(rng.standard_normal((2, 3, 4, 5)))).shape == (2, 60)
+        assert np.allclose(nn.Tanh()(ag.tensor(x)).numpy(), np.tanh(x))
+        assert np.allclose(nn.Sigmoid()(ag.tensor(x)).numpy(), 1 / (1 + np.exp(-x)))
+        assert np.allclose(nn.Softmax(-1)(ag.tensor(x)).numpy().sum(-1), 1)
+        assert np.allclose(nn.ReLU()(ag.tensor(x)).numpy(), np.maximum(x, 0))
+        assert nn.Identity()(x) is x
 
 
-async def test_load_state_dict_result_repr(rt) -> None:
-    m = nn.Linear(2, 2)
-    r = m.load_state_dict(m.state_dict())
-    assert repr(r) == "<All keys matched successfully>"
-    assert r.missing_keys == [] and r.unexpected_keys == []
-    r2 = m.load_state_dict({"weight": np.zeros((2, 2), np.float32)}, strict=False)
-    assert repr(r2) == "_IncompatibleKeys(missing_keys=['bias'], unexpected_keys=[])"
+async def test_losses_match_numpy() -> None:
+    async with ag.open_runtime():
+        rng = np.random.default_rng(1)
+        logits = rng.standard_normal((6, 4))
+        y = np.array([0, 3, 1, 1, 2, 3])
+        lp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+        ce = -lp[np.arange(6), y]
+        x = ag.tensor(logits, requires_grad=True)
+        loss = nn.CrossEntropyLoss()(x, y)
+        assert loss.item() == pytest.approx(ce.mean(), rel=1e-10)
+        await loss.backward()
+        p = np.exp(lp)
+        onehot = np.eye(4)[y]
+        assert np.allclose(x.grad.numpy(), (p - onehot) / 6)
+        assert nn.CrossEntropyLoss(reduction="sum")(ag.tensor(logits), ag.tensor(y)).item() == pytest.approx(
+            ce.sum()
+        )
+        yi = y.copy()
+        yi[2] = -100
+        assert F.cross_entropy(ag.tensor(logits), yi).item() == pytest.approx(np.delete(ce, 2).mean())
+        eps = 0.1
+        smooth = -lp.mean(1)
+        assert nn.CrossEntropyLoss(label_smoothing=eps)(ag.tensor(logits), y).item() == pytest.approx(
+            ((1 - eps) * ce + eps * smooth).mean()
+        )
+        assert nn.NLLLoss()(ag.tensor(lp), y).item() == pytest.approx(ce.mean())
+        t = rng.standard_normal((6, 4))
+        assert nn.MSELoss()(ag.tensor(logits), ag.tensor(t)).item() == pytest.approx(
+            ((logits - t) ** 2).mean()
+        )
+        z = rng.integers(0, 2, (6, 4)).astype(np.float64)
+        bce = np.maximum(logits, 0) - logits * z + np.log1p(np.exp(-np.abs(logits)))
+        assert nn.BCEWithLogitsLoss()(ag.tensor(logits), ag.tensor(z)).item() == pytest.approx(bce.mean())
 
 
 # ---- helpers for PyTorch comparisons ------------------------------------------------------------------
 
 
-def _torch():
-    return pytest.importorskip("torch")
-
-
 async def _compare(ag_fn, torch_fn, arrays, *, grad_idx=None, atol=1e-10, rtol=1e-8):
     """Run ``ag_fn`` and ``torch_fn`` on float64 copies of ``arrays``; compare values and gradients."""
-    torch = _torch()
+    torch = torch_or_skip()
     grad_idx = range(len(arrays)) if grad_idx is None else grad_idx
     xs = [ag.tensor(a, dtype=np.float64, requires_grad=i in grad_idx) for i, a in enumerate(arrays)]
     ts = [torch.tensor(a, dtype=torch.float64, requires_grad=i in grad_idx) for i, a in enumerate(arrays)]
@@ -235,6 +271,54 @@ def _x(rng, *shape, scale=3.0):
     return x
 
 
+# ---- BatchNorm -------------------------------------------------------------------------------------------
+
+
+def _copy_to_torch(m, tm) -> None:
+    torch = torch_or_skip()
+    with torch.no_grad():
+        for k, v in m.state_dict().items():
+            tm.state_dict()[k].copy_(torch.from_numpy(np.array(v)))
+
+
+async def _bn_steps(rt, rng, make, tmake, shape, steps=3) -> None:
+    torch = torch_or_skip()
+    m = make()
+    tm = tmake()
+    assert repr(m) == repr(tm)
+    assert list(m.state_dict()) == list(tm.state_dict())
+    m.double()
+    tm.double()
+    if m.weight is not None:  # non-trivial affine parameters, the same in both
+        w = rng.uniform(0.5, 1.5, m.num_features)
+        b = rng.standard_normal(m.num_features)
+        with ag.no_grad():
+            m.weight.copy_(w)
+            if m.bias is not None:
+                m.bias.copy_(b)
+    _copy_to_torch(m, tm)
+    for step in range(steps):
+        x = rng.standard_normal(shape) * 2 + 1
+        for mode in ("train", "eval"):
+            getattr(m, mode)()
+            getattr(tm, mode)()
+            xa = ag.tensor(x, requires_grad=True)
+            xt = torch.tensor(x, requires_grad=True)
+            out, tout = m(xa), tm(xt)
+            np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=1e-10, rtol=1e-8)
+            g = np.random.default_rng(step).standard_normal(shape)
+            params = [xa, *m.parameters()]
+            tparams = [xt, *tm.parameters()]
+            grads = await ag.grad((out * ag.tensor(g)).sum(), params)
+            tgrads = torch.autograd.grad((tout * torch.tensor(g)).sum(), tparams)
+            for a, t in zip(grads, tgrads):
+                np.testing.assert_allclose(a.numpy(), t.numpy(), atol=1e-10, rtol=1e-8)
+            sd, tsd = m.state_dict(), tm.state_dict()
+            for k in tsd:
+                np.testing.assert_allclose(sd[k], tsd[k].numpy(), atol=1e-12, rtol=1e-10, err_msg=f"{k} {mode}")
+                assert sd[k].dtype == tsd[k].numpy().dtype, k
+
+
 # ---- activations -----------------------------------------------------------------------------------
 
 
@@ -254,7 +338,7 @@ def _x(rng, *shape, scale=3.0):
     ],
 )
 async def test_activation_functionals_vs_torch(rt, rng, name, ag_fn, t_fn) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     tF = torch.nn.functional
     x = _x(rng, 5, 7)
     x[0, 4:7] = [40.0, -40.0, 1000.0]  # large values: no overflow, no NaN gradient
@@ -279,7 +363,7 @@ async def test_activation_functionals_vs_torch(rt, rng, name, ag_fn, t_fn) -> No
     ],
 )
 async def test_activation_modules_vs_torch(rt, rng, make, tmake) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     m = eval(make, {"nn": nn})
     tm = eval(tmake, {"nn": torch.nn})
     assert repr(m) == repr(tm)
@@ -305,11 +389,11 @@ async def test_new_functionals_gradcheck(rt, rng, fn) -> None:
     x = rng.standard_normal((3, 4)) * 2
     x[np.abs(x) < 0.05] += 0.2  # keep away from the kinks at 0
     x[np.abs(np.abs(x) - 1.5) < 0.05] += 0.2
-    await gradcheck(fn, [x])
+    await ag.autograd.gradcheck(fn, [x], rtol=1e-4)
 
 
 async def test_activation_grad_at_kinks_and_dtype(rt) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     x = np.array([-1.0, 0.0, 1.0, 6.0, -6.0, 3.0])
     for name in ("leaky_relu", "elu", "relu6", "hardtanh", "silu", "softplus"):
         await _compare(getattr(F, name), getattr(torch.nn.functional, name), [x])
@@ -323,7 +407,7 @@ async def test_activation_grad_at_kinks_and_dtype(rt) -> None:
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 async def test_regression_losses_vs_torch(rt, rng, reduction) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     tF = torch.nn.functional
     a = rng.standard_normal((4, 5)) * 2
     b = rng.standard_normal((4, 5))
@@ -366,7 +450,7 @@ async def test_regression_losses_vs_torch(rt, rng, reduction) -> None:
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 async def test_bce_vs_torch(rt, rng, reduction) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     tF = torch.nn.functional
     p = rng.uniform(0.02, 0.98, (4, 3))
     t = rng.uniform(0.0, 1.0, (4, 3))
@@ -390,7 +474,7 @@ async def test_bce_vs_torch(rt, rng, reduction) -> None:
 
 
 async def test_bce_clamps_log_at_minus_100(rt) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     p = np.array([0.0, 1.0, 0.0, 1.0, 0.5])
     t = np.array([1.0, 0.0, 0.0, 1.0, 1.0])
     out = F.binary_cross_entropy(ag.tensor(p), ag.tensor(t), reduction="none")
@@ -411,7 +495,7 @@ async def test_bce_clamps_log_at_minus_100(rt) -> None:
 @pytest.mark.parametrize("reduction", ["mean", "batchmean", "sum", "none"])
 @pytest.mark.parametrize("log_target", [False, True])
 async def test_kl_div_vs_torch(rt, rng, reduction, log_target) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     tF = torch.nn.functional
     logits = rng.standard_normal((3, 5))
     inp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
@@ -435,19 +519,21 @@ async def test_kl_div_vs_torch(rt, rng, reduction, log_target) -> None:
 async def test_kl_div_target_grad_gradcheck(rt, rng) -> None:
     q = rng.dirichlet(np.ones(4), size=2)
     inp = rng.standard_normal((2, 4))
-    await gradcheck(lambda x, y: F.kl_div(x, y, reduction="batchmean"), [inp, q])
-    await gradcheck(lambda x, y: F.kl_div(x, y, reduction="sum", log_target=True), [inp, np.log(q)])
+    await ag.autograd.gradcheck(lambda x, y: F.kl_div(x, y, reduction="batchmean"), [inp, q], rtol=1e-4)
+    await ag.autograd.gradcheck(
+        lambda x, y: F.kl_div(x, y, reduction="sum", log_target=True), [inp, np.log(q)], rtol=1e-4
+    )
 
 
 async def test_loss_gradchecks(rt, rng) -> None:
     a = rng.standard_normal((3, 4)) * 2
     b = rng.standard_normal((3, 4))
-    await gradcheck(lambda x, y: F.l1_loss(x, y), [a, b])
-    await gradcheck(lambda x, y: F.smooth_l1_loss(x, y, beta=0.7), [a, b])
-    await gradcheck(lambda x, y: F.huber_loss(x, y, delta=0.7, reduction="sum"), [a, b])
+    await ag.autograd.gradcheck(lambda x, y: F.l1_loss(x, y), [a, b], rtol=1e-4)
+    await ag.autograd.gradcheck(lambda x, y: F.smooth_l1_loss(x, y, beta=0.7), [a, b], rtol=1e-4)
+    await ag.autograd.gradcheck(lambda x, y: F.huber_loss(x, y, delta=0.7, reduction="sum"), [a, b], rtol=1e-4)
     p = rng.uniform(0.05, 0.95, (3, 4))
     t = rng.uniform(0.0, 1.0, (3, 4))
-    await gradcheck(lambda x, y: F.binary_cross_entropy(x, y), [p, t])
+    await ag.autograd.gradcheck(lambda x, y: F.binary_cross_entropy(x, y), [p, t], rtol=1e-4)
 
 
 async def test_loss_modules_reductions_and_legacy(rt) -> None:
@@ -456,7 +542,7 @@ async def test_loss_modules_reductions_and_legacy(rt) -> None:
     assert nn.L1Loss(size_average=False).reduction == "sum"
     assert nn.KLDivLoss(reduction="batchmean").reduction == "batchmean"
     assert nn.NLLLoss().reduction == "mean" and nn.BCEWithLogitsLoss().reduction == "mean"
-    torch = _torch()
+    torch = torch_or_skip()
     for m, tm in ((nn.HuberLoss(), torch.nn.HuberLoss()), (nn.KLDivLoss(), torch.nn.KLDivLoss())):
         assert repr(m) == repr(tm)
 
@@ -465,7 +551,7 @@ async def test_loss_modules_reductions_and_legacy(rt) -> None:
 
 
 async def test_one_hot_vs_torch(rt) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     idx = np.array([[0, 3], [2, 1]], dtype=np.int64)
     out = F.one_hot(ag.tensor(idx))
     want = torch.nn.functional.one_hot(torch.tensor(idx))
@@ -485,7 +571,7 @@ async def test_one_hot_vs_torch(rt) -> None:
     "pad", [(1, 2), (0, 1, 2, 0), (1, 1, 1, 1, 1, 1), (-1, 2), (2, -1, -1, 0), (0, 0)]
 )
 async def test_pad_vs_torch(rt, rng, pad) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     x = rng.standard_normal((2, 3, 4))
     await _compare(lambda t: F.pad(t, pad), lambda t: torch.nn.functional.pad(t, pad), [x])
     await _compare(
@@ -499,146 +585,12 @@ async def test_pad_vs_torch(rt, rng, pad) -> None:
 
 @pytest.mark.parametrize("p, dim", [(2.0, 1), (1.0, 0), (3.0, -1), (2.0, 2)])
 async def test_normalize_vs_torch(rt, rng, p, dim) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     x = rng.standard_normal((3, 4, 2))
     x[0, :, 0] = 0.0  # a zero vector: the eps clamp
     await _compare(
         lambda t: F.normalize(t, p=p, dim=dim), lambda t: torch.nn.functional.normalize(t, p=p, dim=dim), [x]
     )
-
-
-# ---- ModuleDict, ParameterList, ParameterDict -------------------------------------------------------
-
-
-async def test_module_dict(rt) -> None:
-    torch = _torch()
-    md = nn.ModuleDict({"fc": nn.Linear(2, 3), "act": nn.ReLU()})
-    tmd = torch.nn.ModuleDict({"fc": torch.nn.Linear(2, 3), "act": torch.nn.ReLU()})
-    assert list(md) == list(tmd) == ["fc", "act"]
-    assert list(md.state_dict()) == list(tmd.state_dict()) == ["fc.weight", "fc.bias"]
-    assert "fc" in md and len(md) == 2 and isinstance(md["act"], nn.ReLU)
-    md["out"] = nn.Linear(3, 1)
-    assert list(md.keys()) == ["fc", "act", "out"]
-    assert [n for n, _ in md.named_parameters()] == ["fc.weight", "fc.bias", "out.weight", "out.bias"]
-    md.update([("extra", nn.Tanh())])
-    assert isinstance(md.pop("extra"), nn.Tanh) and "extra" not in md
-    del md["act"]
-    assert list(md) == ["fc", "out"]
-    assert [k for k, _ in md.items()] == ["fc", "out"] and len(list(md.values())) == 2
-    with pytest.raises(KeyError):
-        md["nothing"]
-    md.clear()
-    assert len(md) == 0 and list(md.parameters()) == []
-
-    class Owner(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.heads = nn.ModuleDict({"a": nn.Linear(2, 1)})
-
-    assert list(Owner().state_dict()) == ["heads.a.weight", "heads.a.bias"]
-
-
-async def test_parameter_list(rt) -> None:
-    torch = _torch()
-    pl = nn.ParameterList([nn.Parameter(ag.zeros(2, 3)), ag.ones(4)])
-    tpl = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(2, 3)), torch.ones(4)])
-    assert list(pl.state_dict()) == list(tpl.state_dict()) == ["0", "1"]
-    assert len(pl) == 2 and all(isinstance(p, nn.Parameter) and p.requires_grad for p in pl)
-    assert pl[1].shape == (4,) and pl[-1] is pl[1]
-    pl.append(ag.zeros(1))
-    pl.extend([nn.Parameter(ag.zeros(5))])
-    assert [tuple(p.shape) for p in pl] == [(2, 3), (4,), (1,), (5,)]
-    assert [n for n, _ in pl.named_parameters()] == ["0", "1", "2", "3"]
-    sl = pl[1:3]
-    assert isinstance(sl, nn.ParameterList) and [tuple(p.shape) for p in sl] == [(4,), (1,)]
-    assert sl[0] is pl[1]
-    new = nn.Parameter(ag.ones(7))
-    pl[0] = new
-    assert pl[0] is new and pl.state_dict()["0"].shape == (7,)
-    with pytest.raises(IndexError):
-        pl[4]
-
-    class Owner(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ps = nn.ParameterList([ag.zeros(2), ag.zeros(3)])
-
-        def forward(self, x: ag.Tensor) -> ag.Tensor:
-            return x * self.ps[0] + self.ps[1].sum()
-
-    o = Owner()
-    assert list(o.state_dict()) == ["ps.0", "ps.1"]
-    await o(ag.ones(2)).sum().backward()
-    assert o.ps[0].grad is not None and o.ps[1].grad is not None
-    assert "Parameter containing" in repr(pl)
-
-
-async def test_parameter_dict(rt) -> None:
-    torch = _torch()
-    pd = nn.ParameterDict({"b": ag.zeros(2), "a": nn.Parameter(ag.ones(3))})
-    tpd = torch.nn.ParameterDict({"b": torch.zeros(2), "a": torch.nn.Parameter(torch.ones(3))})
-    assert list(pd) == list(tpd) == ["a", "b"]  # a plain dict's keys are sorted, as torch
-    assert list(pd.state_dict()) == list(tpd.state_dict())
-    assert all(isinstance(v, nn.Parameter) for v in pd.values())
-    od = nn.ParameterDict(OrderedDict([("z", ag.zeros(1)), ("y", ag.zeros(1))]))
-    assert list(od.keys()) == ["z", "y"]
-    pd["c"] = ag.zeros(4)
-    assert list(pd) == ["a", "b", "c"] and pd["c"].requires_grad and "c" in pd and len(pd) == 3
-    assert [n for n, _ in pd.named_parameters()] == ["a", "b", "c"]
-    assert pd.pop("b").shape == (2,) and "b" not in pd and list(pd.state_dict()) == ["a", "c"]
-    assert pd.get("nothing") is None and pd.get("a") is pd["a"]
-    pd.update([("d", ag.zeros(1))])
-    assert [k for k, _ in pd.items()] == ["a", "c", "d"]
-    pd.clear()
-    assert len(pd) == 0 and list(pd.parameters()) == []
-
-
-# ---- BatchNorm -------------------------------------------------------------------------------------------
-
-
-def _copy_to_torch(m, tm) -> None:
-    torch = _torch()
-    with torch.no_grad():
-        for k, v in m.state_dict().items():
-            tm.state_dict()[k].copy_(torch.from_numpy(np.array(v)))
-
-
-async def _bn_steps(rt, rng, make, tmake, shape, steps=3) -> None:
-    torch = _torch()
-    m = make()
-    tm = tmake()
-    assert repr(m) == repr(tm)
-    assert list(m.state_dict()) == list(tm.state_dict())
-    m.double()
-    tm.double()
-    if m.weight is not None:  # non-trivial affine parameters, the same in both
-        w = rng.uniform(0.5, 1.5, m.num_features)
-        b = rng.standard_normal(m.num_features)
-        with ag.no_grad():
-            m.weight.copy_(w)
-            if m.bias is not None:
-                m.bias.copy_(b)
-    _copy_to_torch(m, tm)
-    for step in range(steps):
-        x = rng.standard_normal(shape) * 2 + 1
-        for mode in ("train", "eval"):
-            getattr(m, mode)()
-            getattr(tm, mode)()
-            xa = ag.tensor(x, requires_grad=True)
-            xt = torch.tensor(x, requires_grad=True)
-            out, tout = m(xa), tm(xt)
-            np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=1e-10, rtol=1e-8)
-            g = np.random.default_rng(step).standard_normal(shape)
-            params = [xa, *m.parameters()]
-            tparams = [xt, *tm.parameters()]
-            grads = await ag.grad((out * ag.tensor(g)).sum(), params)
-            tgrads = torch.autograd.grad((tout * torch.tensor(g)).sum(), tparams)
-            for a, t in zip(grads, tgrads):
-                np.testing.assert_allclose(a.numpy(), t.numpy(), atol=1e-10, rtol=1e-8)
-            sd, tsd = m.state_dict(), tm.state_dict()
-            for k in tsd:
-                np.testing.assert_allclose(sd[k], tsd[k].numpy(), atol=1e-12, rtol=1e-10, err_msg=f"{k} {mode}")
-                assert sd[k].dtype == tsd[k].numpy().dtype, k
 
 
 @pytest.mark.parametrize(
@@ -653,14 +605,14 @@ async def _bn_steps(rt, rng, make, tmake, shape, steps=3) -> None:
     ],
 )
 async def test_batchnorm1d_vs_torch(rt, rng, kw) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     await _bn_steps(rt, rng, lambda: nn.BatchNorm1d(3, **kw), lambda: torch.nn.BatchNorm1d(3, **kw), (5, 3))
     await _bn_steps(rt, rng, lambda: nn.BatchNorm1d(3, **kw), lambda: torch.nn.BatchNorm1d(3, **kw), (4, 3, 6))
 
 
 @pytest.mark.parametrize("kw", [{}, {"momentum": None}, {"track_running_stats": False}])
 async def test_batchnorm2d_vs_torch(rt, rng, kw) -> None:
-    torch = _torch()
+    torch = torch_or_skip()
     await _bn_steps(rt, rng, lambda: nn.BatchNorm2d(2, **kw), lambda: torch.nn.BatchNorm2d(2, **kw), (3, 2, 4, 5))
 
 
@@ -690,9 +642,13 @@ async def test_batchnorm_buffers_errors_and_gradcheck(rt, rng) -> None:
     x = rng.standard_normal((4, 3, 2))
     w = rng.uniform(0.5, 1.5, 3)
     b = rng.standard_normal(3)
-    await gradcheck(lambda xx, ww, bb: F.batch_norm(xx, None, None, ww, bb, training=True), [x, w, b])
+    await ag.autograd.gradcheck(
+        lambda xx, ww, bb: F.batch_norm(xx, None, None, ww, bb, training=True), [x, w, b], rtol=1e-4
+    )
     rm, rv = ag.tensor(rng.standard_normal(3)), ag.tensor(rng.uniform(0.5, 2.0, 3))
-    await gradcheck(lambda xx, ww, bb: F.batch_norm(xx, rm, rv, ww, bb, training=False), [x, w, b])
+    await ag.autograd.gradcheck(
+        lambda xx, ww, bb: F.batch_norm(xx, rm, rv, ww, bb, training=False), [x, w, b], rtol=1e-4
+    )
 
 
 async def test_batchnorm_in_a_model_trains_and_loads(rt, rng) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-from conftest import set_inline_limit
 
 import asyncgrad as ag
 from asyncgrad import nn, optim
+from tests._util import set_inline_limit
 
 
 def _inline_limit(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
@@ -369,3 +369,40 @@ async def test_add_with_alpha_matches_numpy(rt: Any, monkeypatch: Any) -> None:
         np.testing.assert_allclose(a.numpy(), a0 - 0.1 * b0 - 0.2 * b0, rtol=eps, atol=eps)
         a.add_(a, alpha=0.5)  # x and y the same memory: numpy's form
         np.testing.assert_allclose(a.numpy(), 1.5 * (a0 - 0.1 * b0 - 0.2 * b0), rtol=eps, atol=eps)
+
+
+# ---- named parameters ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls_name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
+async def test_optimizers_accept_named_parameters(rt, cls_name: str) -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    names = [n for n, _ in model.named_parameters()]
+    opt = getattr(optim, cls_name)(model.named_parameters(), lr=0.01)
+    assert opt.param_groups[0]["param_names"] == names
+    assert opt.param_groups[0]["params"] == list(model.parameters())
+    x = ag.tensor(np.ones((5, 3)), dtype="float32")
+    await model(x).sum().backward()
+    opt.step()
+    sd = opt.state_dict()
+    assert sd["param_groups"][0]["param_names"] == names
+    opt2 = getattr(optim, cls_name)(model.named_parameters(), lr=0.01)
+    opt2.load_state_dict(sd)
+    # groups of named parameters, and mixing named / unnamed is an error (as PyTorch)
+    named = list(model.named_parameters())
+    opt3 = optim.SGD([{"params": named[:2]}, {"params": named[2:], "lr": 0.5}], lr=0.1)
+    assert opt3.param_groups[1]["param_names"] == names[2:]
+    with pytest.raises(ValueError, match="with/without names"):
+        optim.SGD([named[0], named[1][1]], lr=0.1)
+    with pytest.raises(ValueError, match="with/without names"):
+        optim.SGD([{"params": named[:2]}, {"params": [named[2][1]]}], lr=0.1)
+
+
+async def test_named_parameters_match_torch_state_dict(rt) -> None:
+    torch = pytest.importorskip("torch")
+    tm = torch.nn.Linear(3, 2)
+    ts = torch.optim.SGD(tm.named_parameters(), lr=0.1).state_dict()
+    m = nn.Linear(3, 2)
+    s = optim.SGD(m.named_parameters(), lr=0.1).state_dict()
+    assert s["param_groups"][0]["param_names"] == ts["param_groups"][0]["param_names"] == ["weight", "bias"]
+    assert s["param_groups"][0]["params"] == ts["param_groups"][0]["params"]

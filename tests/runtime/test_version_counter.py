@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import set_inline_limit
 
 import asyncgrad as ag
 from asyncgrad import nn, optim
+from tests._util import set_inline_limit
 
 
 def _bits(t: ag.Tensor | None) -> bytes | None:

@@ -114,3 +114,15 @@ async def test_save_state_dict_rejects_non_numeric(tmp_path) -> None:
         p = tmp_path / "plain_name"  # written exactly at the given path (no .npz appended)
         nn.save_state_dict(p, {"a": np.arange(3)})
         assert p.exists() and nn.load_state_dict_file(p)["a"].tolist() == [0, 1, 2]
+
+
+# ---- fixes: load_state_dict's result ------------------------------------------------------------------
+
+
+async def test_load_state_dict_result_repr(rt) -> None:
+    m = nn.Linear(2, 2)
+    r = m.load_state_dict(m.state_dict())
+    assert repr(r) == "<All keys matched successfully>"
+    assert r.missing_keys == [] and r.unexpected_keys == []
+    r2 = m.load_state_dict({"weight": np.zeros((2, 2), np.float32)}, strict=False)
+    assert repr(r2) == "_IncompatibleKeys(missing_keys=['bias'], unexpected_keys=[])"

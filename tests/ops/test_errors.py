@@ -171,7 +171,7 @@ async def test_backward_twice_without_retain_graph(rt: Any) -> None:
 async def test_backward_twice_through_nodes_that_saved_nothing(inline: bool, monkeypatch: Any) -> None:
     """PyTorch frees only saved tensors: a graph of nodes whose backward reads no values (sum, add, reshape,
     indexing, mean, broadcasting) runs backward again, accumulating; one saving a tensor still raises."""
-    from conftest import set_inline_limit
+    from tests._util import set_inline_limit
 
     if not inline:
         set_inline_limit(monkeypatch, -1)

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import set_inline_limit
 
 import asyncgrad as ag
+from tests._util import set_inline_limit
 
 # int / 0 and log(0) in the value checks (kernels on the lanes are outside the test's np.errstate)
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")

@@ -1,0 +1,212 @@
+"""The loss ops (``ops/_loss.py``): cross_entropy, nll_loss, mse_loss, binary_cross_entropy_with_logits;
+gradients against central finite differences in float64, values and gradients against PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+from tests._util import INDEX_ERRORS, vs_torch
+
+# ---- losses -------------------------------------------------------------------------------------------
+
+CE_CASES = [
+    {},
+    {"reduction": "sum"},
+    {"reduction": "none"},
+    {"label_smoothing": 0.2},
+    {"ignore_index": 1},
+    {"weight": True},
+    {"weight": True, "ignore_index": 2, "label_smoothing": 0.15},
+    {"weight": True, "ignore_index": 2, "label_smoothing": 0.1, "reduction": "none"},
+    {"weight": True, "label_smoothing": 0.3, "reduction": "sum"},
+]
+
+
+@pytest.mark.parametrize("kw", CE_CASES)
+@pytest.mark.parametrize("shape", [(5, 4), (3, 4, 2, 3), (4,)])
+async def test_cross_entropy(kw: Any, shape: Any, rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    async with ag.open_runtime():
+        x = rng.standard_normal(shape)
+        c = shape[1] if len(shape) > 1 else shape[0]
+        t = rng.integers(0, c, (shape[0], *shape[2:]) if len(shape) > 1 else ())
+        if t.ndim:
+            t.flat[0] = 2  # make ignore_index=2 hit
+        kw = dict(kw)
+        wv = rng.uniform(0.5, 2.0, c) if kw.pop("weight", False) else None
+        aw = None if wv is None else ag.tensor(wv)
+        await ag.autograd.gradcheck(
+            lambda x: ag.cross_entropy(x, t, aw, **kw), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+        )
+        tw = None if wv is None else torch.tensor(wv)
+        await vs_torch(
+            lambda x: ag.cross_entropy(x, ag.tensor(t), aw, **kw),
+            lambda x: torch.nn.functional.cross_entropy(x, torch.tensor(t), tw, **kw),
+            x,
+        )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+async def test_cross_entropy_fast_path_matches_the_general_one(dtype: str, rng: np.random.Generator) -> None:
+    """Plain (N, C) class-index CE keeps the forward's softmax for the backward; class weights of one take
+    the general path: both give the same loss and gradients, also for a second backward of one graph."""
+    from asyncgrad.ops._loss import _ce_softmax
+
+    async with ag.open_runtime():
+        x = rng.standard_normal((64, 10)).astype(dtype)
+        t = ag.tensor(rng.integers(0, 10, 64))
+        res = []
+        for w in (None, ag.ones(10, dtype=dtype)):
+            xt = ag.tensor(x, requires_grad=True)
+            loss = ag.cross_entropy(xt, t, w)
+            assert (_ce_softmax(loss.numpy(), x) is not None) == (w is None)
+            await loss.backward(retain_graph=True)
+            g1 = xt.grad.numpy().copy()
+            await loss.backward()
+            np.testing.assert_allclose(xt.grad.numpy(), 2 * g1, rtol=1e-6)
+            res.append((loss.item(), g1))
+        tol = 1e-6 if dtype == "float32" else 1e-12
+        np.testing.assert_allclose(res[0][0], res[1][0], rtol=tol)
+        np.testing.assert_allclose(res[0][1], res[1][1], rtol=tol, atol=tol)
+
+
+async def test_cross_entropy_probabilities_and_errors(rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    async with ag.open_runtime():
+        x = rng.standard_normal((4, 3, 2))
+        p = rng.dirichlet(np.ones(3), (4, 2)).transpose(0, 2, 1)
+        wv = rng.uniform(0.5, 2, 3)
+        for kw in [{}, {"label_smoothing": 0.2, "reduction": "sum"}, {"reduction": "none"}]:
+            await ag.autograd.gradcheck(
+                lambda x, p, kw=kw: ag.cross_entropy(x, p, ag.tensor(wv), **kw),
+                [x, p],
+                eps=1e-6,
+                atol=1e-7,
+                rtol=1e-5,
+                seed=7,
+            )
+            await vs_torch(
+                lambda x, p, kw=kw: ag.cross_entropy(x, p, ag.tensor(wv), **kw),
+                lambda x, p, kw=kw: torch.nn.functional.cross_entropy(x, p, torch.tensor(wv), **kw),
+                x,
+                p,
+            )
+        with pytest.raises(INDEX_ERRORS, match="Target 3 is out of bounds"):
+            ag.cross_entropy(ag.tensor(x[:, :, 0]), np.array([0, 1, 3, 0])).item()
+        with pytest.raises(ag.OpError, match="target of shape"):
+            ag.cross_entropy(ag.tensor(x[:, :, 0]), np.array([0, 1]))
+        # every target ignored: the mean is 0/0, as in PyTorch
+        assert np.isnan(ag.cross_entropy(ag.tensor(x[:, :, 0]), np.full(4, -100)).item())
+        # float32 logits on a lane (W1's case: 128 x 10, mean)
+        z = rng.standard_normal((512, 10)).astype(np.float32)
+        y = rng.integers(0, 10, 512)
+        zt = ag.tensor(z, requires_grad=True)
+        loss = ag.cross_entropy(zt, y)
+        await loss.backward()
+        tz = torch.tensor(z, requires_grad=True)
+        tl = torch.nn.functional.cross_entropy(tz, torch.tensor(y))
+        tl.backward()
+        assert loss.dtype == np.float32 and zt.grad.dtype == np.float32
+        np.testing.assert_allclose(loss.item(), tl.item(), rtol=1e-5)
+        np.testing.assert_allclose(zt.grad.numpy(), tz.grad.numpy(), atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, {"reduction": "sum"}, {"reduction": "none"}, {"ignore_index": 0, "weight": True}]
+)
+async def test_nll_loss(kw: Any, rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    async with ag.open_runtime():
+        x = rng.standard_normal((5, 4, 2))
+        t = rng.integers(0, 4, (5, 2))
+        kw = dict(kw)
+        wv = rng.uniform(0.5, 2, 4) if kw.pop("weight", False) else None
+        aw, tw = (None, None) if wv is None else (ag.tensor(wv), torch.tensor(wv))
+        await ag.autograd.gradcheck(lambda x: ag.nll_loss(x, t, aw, **kw), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
+        await vs_torch(
+            lambda x: ag.nll_loss(x, ag.tensor(t), aw, **kw),
+            lambda x: torch.nn.functional.nll_loss(x, torch.tensor(t), tw, **kw),
+            x,
+        )
+
+
+@pytest.mark.filterwarnings("ignore:size_average and reduce args")
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+async def test_mse_loss(reduction: str, rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    async with ag.open_runtime():
+        x, y, w = rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.uniform(0.1, 1, (3, 4))
+        await ag.autograd.gradcheck(
+            lambda x, y: ag.mse_loss(x, y, reduction=reduction), [x, y], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
+        )
+        await ag.autograd.gradcheck(
+            lambda x, y, w: ag.mse_loss(x, y, reduction=reduction, weight=w),
+            [x, y, w],
+            eps=1e-6,
+            atol=1e-7,
+            rtol=1e-5,
+            seed=7,
+        )
+        await vs_torch(
+            lambda x, y, w: ag.mse_loss(x, y, reduction=reduction, weight=w),
+            lambda x, y, w: torch.nn.functional.mse_loss(x, y, reduction=reduction, weight=w),
+            x,
+            y,
+            w,
+        )
+        await vs_torch(
+            lambda x, y: ag.mse_loss(x, y, size_average=False),
+            lambda x, y: torch.nn.functional.mse_loss(x, y, size_average=False),
+            x,
+            y,
+        )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+async def test_bce_with_logits(reduction: str, rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    async with ag.open_runtime():
+        x = rng.standard_normal((4, 3)) * 3
+        x[0, 0] = 40.0  # large logits stay finite
+        x[0, 1] = -40.0
+        t = rng.uniform(0, 1, (4, 3))
+        w, pw = rng.uniform(0.5, 2, (4, 1)), rng.uniform(0.5, 3, 3)
+
+        def f(x: Any, t: Any, w: Any, pw: Any) -> Any:
+            return ag.binary_cross_entropy_with_logits(x, t, w, reduction=reduction, pos_weight=pw)
+
+        await ag.autograd.gradcheck(f, [x, t, w, pw], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
+        await ag.autograd.gradcheck(
+            lambda x: ag.binary_cross_entropy_with_logits(x, t, reduction=reduction),
+            [x],
+            eps=1e-6,
+            atol=1e-7,
+            rtol=1e-5,
+            seed=7,
+        )
+        # PyTorch gives no gradients for weight and pos_weight: compare with them as constants
+        await vs_torch(
+            lambda x, t: f(x, t, ag.tensor(w), ag.tensor(pw)),
+            lambda x, t: torch.nn.functional.binary_cross_entropy_with_logits(
+                x, t, torch.tensor(w), reduction=reduction, pos_weight=torch.tensor(pw)
+            ),
+            x,
+            t,
+        )
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
+async def test_all_targets_ignored_gives_nan_loss_and_zero_gradient(rt: Any, loss: str) -> None:
+    """A fully padded batch: the mean over no targets is NaN (0/0), but the gradient is 0, as in PyTorch,
+    so one such batch cannot put NaN into the parameters."""
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 3)), requires_grad=True)
+    t = ag.tensor([-100, -100])
+    out = getattr(ag, loss)(x, t)
+    assert np.isnan(out.item())
+    await out.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros((2, 3)))
