@@ -1,6 +1,6 @@
 """The package's import structure, as DESIGN.md ("Layers") states it, measured from the code's own imports.
 
-Run ``python -m tests.test_layers`` for the report (modules per layer, every import edge between layers,
+Run ``python -m tests.test_architecture`` for the report (modules per layer, every import edge between layers,
 cycles, function-level imports); the tests below assert it. Imports are read from the source (``ast``),
 so a lazy ``importlib`` load is not seen: the only ones allowed are listed in `LAZY`.
 """
