@@ -21,7 +21,7 @@ from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
 
 if TYPE_CHECKING:
-    from . import hosting
+    from . import distributed, hosting
 
 # dtype names as in PyTorch (``dtype=ag.float32``); any numpy dtype works too. Not in __all__, so that
 # ``from asyncgrad import *`` does not shadow the builtins ``bool`` and ``float``
@@ -34,13 +34,14 @@ long = int64
 bool = np.dtype("bool")
 
 __version__ = "0.1.0"
-__all__ = [*_runtime_all, "hosting", "nn", "optim"]
+__all__ = [*_runtime_all, "distributed", "hosting", "nn", "optim"]
 
 
 def __getattr__(name: str) -> Any:
-    # `hosting` pulls in asyncio (~3 MB resident); load it only for programs that use it
-    if name == "hosting":
+    # `hosting` pulls in asyncio (~3 MB resident), `distributed` msgpack and subprocess: load them only for
+    # programs that use them
+    if name in ("hosting", "distributed"):
         import importlib
 
-        return importlib.import_module(".hosting", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -153,7 +153,16 @@ from ._ops_shape2 import (
     unflatten,
 )
 from ._ops_sort import SortResult, TopkResult, argsort, argwhere, masked_select, nonzero, sort, topk
-from ._runtime import NoRuntimeError, Runtime, RuntimeStatistics, current_runtime, open_runtime, run
+from ._runtime import (
+    NoRuntimeError,
+    Runtime,
+    RuntimeStatistics,
+    current_runtime,
+    current_stream,
+    open_runtime,
+    run,
+    use_stream,
+)
 from ._tensor import Tensor
 
 
@@ -220,6 +229,7 @@ __all__ = [
     "cross_entropy",
     "cumsum",
     "current_runtime",
+    "current_stream",
     "default_generator",
     "defop",
     "diag",
@@ -343,6 +353,7 @@ __all__ = [
     "unbind",
     "unflatten",
     "unsqueeze",
+    "use_stream",
     "var",
     "where",
     "zeros",

@@ -1,0 +1,403 @@
+"""The wire format: msgpack for plain values, raw buffers for tensors and arrays. No pickle anywhere.
+
+A frame is::
+
+    header (16 bytes: meta length u32, table length u32, payload length u64, little endian)
+    meta     msgpack of the message; a tensor or array in it is an ext value holding its index in the table
+    table    msgpack list, one entry per buffer: [dtype str, shape, strides (bytes), nbytes]
+    payload  the buffers' raw bytes, one after another
+
+The receiver reads the table before any payload byte, allocates each destination buffer with its final
+layout (a channels-last tensor arrives channels-last) and receives the bytes straight into it. Every
+length is checked against the connection's limits before anything is allocated; a frame that fails a
+check is a `ProtocolError` and closes its connection.
+
+Besides msgpack's own types (None, bool, int, float, str, bytes, list, dict) the codec carries tuples,
+integers of any size, complex numbers, numpy scalars and dtypes, numpy arrays and asyncgrad tensors.
+Anything else is a `TypeError` that names the type and where it was (``args[1]['k']``).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..runtime import Tensor, is_dense_nonoverlapping
+from ._errors import ProtocolError
+
+HEADER = struct.Struct("<IIQ")
+HEADER_SIZE = HEADER.size
+
+DEFAULT_MAX_FRAME_BYTES = 4 << 30  # payload of one frame (tensors): 4 GiB
+DEFAULT_MAX_META_BYTES = 64 << 20  # msgpack part of one frame (plain values): 64 MiB
+MAX_NDIM = 64
+MAX_TENSORS = 1 << 16  # buffers in one frame
+
+EXT_TENSOR = 1  # [index, requires_grad]
+EXT_ARRAY = 2  # index
+EXT_TUPLE = 3  # msgpack list
+EXT_NPSCALAR = 4  # [dtype str, raw bytes]
+EXT_BIGINT = 5  # decimal text
+EXT_COMPLEX = 6  # [real, imag]
+EXT_DTYPE = 7  # dtype str
+EXT_RREF = 8  # [owner name, object id]
+
+_ALLOWED_KINDS = frozenset("biufc")
+_PLAIN = (type(None), bool, int, float, str, bytes, list, dict)
+
+
+class Unsupported(TypeError):
+    """Raised inside the packer for a value the wire cannot carry (turned into a TypeError with a path)."""
+
+    def __init__(self, obj: Any, why: str = "") -> None:
+        super().__init__(why)
+        self.obj = obj
+        self.why = why
+
+
+class RRefMarker:
+    """What an `RRef` puts on the wire: its owner and object id (the owner resolves it to the object)."""
+
+    __slots__ = ("object_id", "owner")
+
+    def __init__(self, owner: str, object_id: int) -> None:
+        self.owner = owner
+        self.object_id = object_id
+
+
+def _check_dtype(dt: np.dtype[Any], obj: Any) -> None:
+    if dt.kind not in _ALLOWED_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise Unsupported(obj, f"dtype {dt} is not a plain numeric dtype")
+
+
+class Encoded:
+    """A message packed for the wire; its tensors still to be staged (copied out) before it can be sent.
+
+    ``tensors`` are the distinct tensors and arrays in it, in table order; ``requires_grad`` per tensor.
+    """
+
+    __slots__ = ("boxes", "meta", "nbytes", "staged", "tensors")
+
+    def __init__(self, meta: bytes, tensors: list[Any]) -> None:
+        self.meta = meta
+        self.tensors = tensors
+        # per tensor, filled by the staging kernel: (flat uint8 buffer, strides)
+        self.boxes: list[list[Any]] = [[] for _ in tensors]
+        self.staged: list[Any] = []  # the staged tensors (their kernels may still be queued)
+        self.nbytes = len(meta) + sum(_nbytes(t) for t in tensors)
+
+    def frame(self) -> list[Any]:
+        """The frame's parts (header+meta+table, then one buffer per tensor), once every tensor is staged."""
+        entries = []
+        bufs = []
+        total = 0
+        for t, box in zip(self.tensors, self.boxes):
+            flat, strides = box[0]
+            dt = t.dtype
+            entries.append([dt.str, list(t.shape), list(strides), flat.nbytes])
+            bufs.append(memoryview(flat))
+            total += flat.nbytes
+        table = msgpack.packb(entries, use_bin_type=True) if entries else b""
+        head = HEADER.pack(len(self.meta), len(table), total) + self.meta + table
+        return [head, *bufs]
+
+
+def _nbytes(t: Any) -> int:
+    return math.prod(t.shape) * t.dtype.itemsize
+
+
+def encode(msg: Any, describe: Sequence[tuple[str, Any]] = ()) -> Encoded:
+    """Pack ``msg``; ``describe`` names the parts of it searched for the path of an unsupported value."""
+    tensors: list[Any] = []
+    index: dict[int, int] = {}
+
+    def default(obj: Any) -> Any:
+        t = type(obj)
+        if t is Tensor or t is np.ndarray or isinstance(obj, (Tensor, np.ndarray)):
+            key = id(obj)
+            i = index.get(key)
+            if i is None:
+                _check_dtype(obj.dtype, obj)
+                if len(tensors) >= MAX_TENSORS:
+                    raise Unsupported(obj, f"more than {MAX_TENSORS} tensors in one message")
+                i = index[key] = len(tensors)
+                tensors.append(obj)
+            if isinstance(obj, Tensor):
+                return msgpack.ExtType(EXT_TENSOR, msgpack.packb([i, bool(obj.requires_grad)]))
+            return msgpack.ExtType(EXT_ARRAY, msgpack.packb(i))
+        if t is tuple:
+            return msgpack.ExtType(EXT_TUPLE, _pack(list(obj), default))
+        if isinstance(obj, np.generic):
+            _check_dtype(obj.dtype, obj)
+            return msgpack.ExtType(EXT_NPSCALAR, msgpack.packb([obj.dtype.str, obj.tobytes()], use_bin_type=True))
+        if isinstance(obj, np.dtype):
+            _check_dtype(obj, obj)
+            return msgpack.ExtType(EXT_DTYPE, obj.str.encode())
+        if t is int:  # too big for msgpack's 64 bits
+            return msgpack.ExtType(EXT_BIGINT, str(obj).encode())
+        if t is complex:
+            return msgpack.ExtType(EXT_COMPLEX, msgpack.packb([obj.real, obj.imag]))
+        if isinstance(obj, RRefMarker):
+            return msgpack.ExtType(EXT_RREF, msgpack.packb([obj.owner, obj.object_id]))
+        rref = getattr(obj, "_wire_marker", None)  # an RRef (kept out of this module's imports)
+        if rref is not None:
+            return default(rref())
+        # subclasses of the plain types travel as their base type (an OrderedDict as a dict, ...)
+        if isinstance(obj, bool):
+            return bool(obj)
+        if isinstance(obj, int):
+            return int(obj)
+        if isinstance(obj, float):
+            return float(obj)
+        if isinstance(obj, str):
+            return str(obj)
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            return bytes(obj)
+        if isinstance(obj, dict):
+            return dict(obj)
+        if isinstance(obj, list):
+            return list(obj)
+        if isinstance(obj, tuple):  # a namedtuple: its values, as a tuple
+            return msgpack.ExtType(EXT_TUPLE, _pack(list(obj), default))
+        raise Unsupported(obj)
+
+    try:
+        meta = _pack(msg, default)
+    except Unsupported as e:
+        raise _type_error(e, describe) from None
+    except (OverflowError, ValueError) as e:  # e.g. a str with lone surrogates
+        raise TypeError(f"cannot send this message: {e}") from None
+    return Encoded(meta, tensors)
+
+
+def _pack(obj: Any, default: Callable[[Any], Any]) -> bytes:
+    return msgpack.packb(obj, default=default, strict_types=True, use_bin_type=True, datetime=False)
+
+
+def _type_error(e: Unsupported, describe: Sequence[tuple[str, Any]]) -> TypeError:
+    where = None
+    for label, root in describe:
+        where = _find(root, e.obj, label, 0)
+        if where is not None:
+            break
+    obj = e.obj
+    name = f"{type(obj).__module__}.{type(obj).__qualname__}" if type(obj).__module__ != "builtins" else (
+        type(obj).__qualname__
+    )
+    what = f" ({e.why})" if e.why else ""
+    at = f" at {where}" if where else ""
+    return TypeError(
+        f"cannot send a value of type {name!r}{at}{what}: the RPC wire carries None, bool, int, float, "
+        "complex, str, bytes, list, tuple, dict, numpy arrays, scalars and dtypes, asyncgrad tensors and "
+        "RRefs (never pickled objects); send plain data or tensors instead"
+    )
+
+
+def _find(root: Any, target: Any, path: str, depth: int) -> str | None:
+    if root is target:
+        return path
+    if depth > 100:
+        return None
+    if isinstance(root, dict):
+        for k, v in root.items():
+            if k is target:
+                return f"{path} (a key)"
+            found = _find(v, target, f"{path}[{k!r}]", depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(root, (list, tuple)):
+        for i, v in enumerate(root):
+            found = _find(v, target, f"{path}[{i}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+# ---- the staging kernel: a tensor's value copied into its wire buffer --------------------------------
+
+
+def stage_kernel(a: np.ndarray, box: list[Any]) -> np.ndarray:
+    """Copy ``a`` into a fresh buffer of its wire layout: its own strides when it is dense and
+    non-overlapping (C, Fortran, channels-last, any permutation), else C order. Runs on a pool stream's
+    lane (or inline for a small ready value); puts (flat buffer, strides) into ``box``."""
+    flat = np.empty(a.nbytes, np.uint8)
+    strides = a.strides if a.size == 0 or is_dense_nonoverlapping(a) else _c_strides(a.shape, a.itemsize)
+    out = np.ndarray(a.shape, a.dtype, buffer=flat, strides=strides)
+    np.copyto(out, a, casting="no")
+    box.append((flat, strides))
+    return out
+
+
+def stage_meta(a: Any, box: list[Any]) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    return a.shape, a.dtype
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out = []
+    acc = itemsize
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+# ---- receiving -------------------------------------------------------------------------------------
+
+
+def check_header(meta_len: int, table_len: int, payload_len: int, max_meta: int, max_frame: int) -> None:
+    if meta_len == 0:
+        raise ProtocolError("a frame with an empty message")
+    if meta_len + table_len > max_meta:
+        raise ProtocolError(f"a frame's message part of {meta_len + table_len} bytes exceeds the limit of {max_meta}")
+    if payload_len > max_frame:
+        raise ProtocolError(f"a frame's payload of {payload_len} bytes exceeds the limit of {max_frame}")
+    if payload_len and not table_len:
+        raise ProtocolError("a frame with a payload but no buffer table")
+
+
+def read_table(table: bytes | bytearray | memoryview, payload_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Validate a frame's buffer table; allocate each buffer. Returns (flat destination, array view) pairs
+    whose sizes add up to ``payload_len`` exactly."""
+    if not table:
+        return []
+    try:
+        entries = msgpack.unpackb(table, use_list=True, raw=False, strict_map_key=True)
+    except Exception as e:
+        raise ProtocolError(f"an unreadable buffer table: {type(e).__name__}: {e}") from None
+    if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
+        raise ProtocolError("a buffer table that is not a list (or too long)")
+    specs = []
+    total = 0
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 4):
+            raise ProtocolError(f"a malformed buffer table entry {entry!r:.80}")
+        dts, shape, strides, nbytes = entry
+        if not (
+            isinstance(dts, str)
+            and len(dts) <= 8
+            and isinstance(shape, list)
+            and isinstance(strides, list)
+            and len(shape) == len(strides) <= MAX_NDIM
+            and all(type(n) is int and n >= 0 for n in shape)
+            and all(type(s) is int for s in strides)
+            and type(nbytes) is int
+        ):
+            raise ProtocolError(f"a malformed buffer table entry {entry!r:.80}")
+        try:
+            dt = np.dtype(dts)
+        except Exception:
+            raise ProtocolError(f"an unknown dtype {dts!r} in a buffer table") from None
+        if dt.kind not in _ALLOWED_KINDS or dt.fields is not None or dt.subdtype is not None:
+            raise ProtocolError(f"a dtype {dts!r} that is not plain numeric in a buffer table")
+        if math.prod(shape) * dt.itemsize != nbytes:
+            raise ProtocolError(f"a buffer of {nbytes} bytes for shape {shape} of {dt}")
+        total += nbytes
+        if total > payload_len:
+            raise ProtocolError("buffers larger than the frame's payload")
+        specs.append((dt, tuple(shape), tuple(strides), nbytes))
+    if total != payload_len:
+        raise ProtocolError(f"buffers of {total} bytes for a payload of {payload_len}")
+    out = []
+    for dt, shape, strides, nbytes in specs:
+        flat = np.empty(nbytes, np.uint8)
+        try:
+            arr = np.ndarray(shape, dt, buffer=flat, strides=strides)
+        except Exception as e:
+            raise ProtocolError(f"strides {strides} do not fit shape {shape} of {dt}: {e}") from None
+        if arr.size and not is_dense_nonoverlapping(arr):
+            raise ProtocolError(f"strides {strides} of shape {shape} are not dense and non-overlapping")
+        out.append((flat, arr))
+    return out
+
+
+class NoRuntime(Exception):
+    """A tensor arrived where no asyncgrad runtime is open to hold it."""
+
+
+def decode(
+    meta: bytes | bytearray | memoryview,
+    arrays: list[np.ndarray],
+    make_tensor: Callable[[np.ndarray, bool], Any],
+    resolve_rref: Callable[[str, int], Any] | None = None,
+) -> Any:
+    """Unpack a message; ext values become the given arrays (as tensors through ``make_tensor``)."""
+    made: dict[int, Any] = {}
+    used: set[int] = set()
+
+    def ext_hook(code: int, data: bytes) -> Any:
+        if code == EXT_TENSOR or code == EXT_ARRAY:
+            v = msgpack.unpackb(data)
+            i, rg = v if code == EXT_TENSOR and isinstance(v, list) and len(v) == 2 else (v, None)
+            if type(i) is not int or not 0 <= i < len(arrays):
+                raise ProtocolError(f"a reference to buffer {i!r} of {len(arrays)}")
+            used.add(i)
+            if code == EXT_ARRAY:
+                return arrays[i]
+            t = made.get(i)
+            if t is None:
+                t = made[i] = make_tensor(arrays[i], bool(rg))
+            return t
+        if code == EXT_TUPLE:
+            v = _unpack(data, ext_hook)
+            if not isinstance(v, list):
+                raise ProtocolError("a malformed tuple")
+            return tuple(v)
+        if code == EXT_NPSCALAR:
+            v = msgpack.unpackb(data, raw=False)
+            if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], bytes)):
+                raise ProtocolError("a malformed numpy scalar")
+            dt = np.dtype(v[0])
+            if dt.kind not in _ALLOWED_KINDS or dt.itemsize != len(v[1]) or dt.fields is not None:
+                raise ProtocolError("a malformed numpy scalar")
+            return np.frombuffer(v[1], dt)[0]
+        if code == EXT_BIGINT:
+            if len(data) > 10000:
+                raise ProtocolError("an integer of more than 10000 digits")
+            return int(data.decode("ascii"))
+        if code == EXT_COMPLEX:
+            v = msgpack.unpackb(data)
+            if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, float) for x in v)):
+                raise ProtocolError("a malformed complex number")
+            return complex(v[0], v[1])
+        if code == EXT_DTYPE:
+            dt = np.dtype(data.decode("ascii"))
+            if dt.kind not in _ALLOWED_KINDS or dt.fields is not None or dt.subdtype is not None:
+                raise ProtocolError("a dtype that is not plain numeric")
+            return dt
+        if code == EXT_RREF:
+            v = msgpack.unpackb(data, raw=False)
+            if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and type(v[1]) is int):
+                raise ProtocolError("a malformed RRef")
+            if resolve_rref is None:
+                raise ProtocolError("an RRef where none is expected")
+            return resolve_rref(v[0], v[1])
+        raise ProtocolError(f"an unknown ext type {code}")
+
+    try:
+        msg = _unpack(meta, ext_hook)
+    except (ProtocolError, NoRuntime, LookupError):
+        raise
+    except Exception as e:
+        raise ProtocolError(f"an unreadable message: {type(e).__name__}: {e}") from None
+    if len(used) != len(arrays):
+        raise ProtocolError(f"a frame with {len(arrays)} buffers, {len(used)} of them used")
+    return msg
+
+
+def _unpack(data: Any, ext_hook: Callable[[int, bytes], Any]) -> Any:
+    return msgpack.unpackb(data, ext_hook=ext_hook, raw=False, strict_map_key=False, use_list=True)
+
+
+def plain(value: Any) -> bool:
+    """Whether ``value`` is built only of msgpack's own types (used for exception args)."""
+    t = type(value)
+    if t in (list, tuple):
+        return all(plain(v) for v in value)
+    if t is dict:
+        return all(plain(k) and plain(v) for k, v in value.items())
+    return t in _PLAIN and (t is not int or -(1 << 63) <= value < (1 << 64))
