@@ -182,3 +182,37 @@ def counter_value(counter: Counter) -> int:
 
 def objects_alive() -> int:
     return dist.statistics().objects
+
+
+def shape_of(x: Any) -> list[int]:
+    return list(x.shape)
+
+
+def stream_report() -> dict[str, Any]:
+    """The stream this call runs on, and the worker's stream pool."""
+    s = ag.current_stream()
+    pool = dist.statistics().pool
+    return {
+        "stream": s.name,
+        "draining": pool.streams_draining,
+        "in_use": pool.streams_in_use,
+        "rpc_in_use": dist.statistics().rpc_streams_in_use,
+    }
+
+
+def leave_slow_work(seconds: float) -> str:
+    """Queue slow work on this call's stream and return at once (no synchronisation)."""
+    s = ag.current_stream()
+    s.submit(lambda: time.sleep(seconds))
+    return s.name
+
+
+async def on_the_call_stream(x: Any) -> Any:
+    """Queue slow work, then ``x * 2`` behind it, on the current stream; return without waiting."""
+    s = ag.current_stream()
+    s.submit(lambda: time.sleep(0.3))
+    y = x * 2
+    report = stream_report()
+    report["pending"] = s.statistics().pending
+    return y, report
+

@@ -45,7 +45,7 @@ async def test_timeouts_raise_timeout_error_and_cancel_the_remote_task(rt) -> No
     with trio.fail_after(TIMEOUT):
         async with dist.open_workers(1) as workers:
             w = workers[0]
-            with pytest.raises(TimeoutError, match="within 0.3 s"):
+            with pytest.raises(TimeoutError, match=r"within 0\.3 s"):
                 await w.call(_fns.wait_to_be_cancelled, "t1", timeout=0.3)
             assert await w.call(_fns.wait_seen, "t1", "cancelled") == "cancelled"
             with pytest.raises(TimeoutError):
