@@ -12,6 +12,7 @@ listening end challenges first, and reads nothing else from a peer that has not 
 
 from __future__ import annotations
 
+import array
 import collections
 import errno
 import hmac
@@ -23,7 +24,8 @@ from typing import Any
 
 import trio
 
-from ._errors import AuthenticationError
+from . import _shm
+from ._errors import AuthenticationError, ProtocolError
 from ._wire import HEADER, HEADER_SIZE, check_header
 
 log = logging.getLogger("asyncgrad.distributed")
@@ -31,6 +33,9 @@ log = logging.getLogger("asyncgrad.distributed")
 _RBUF = 256 << 10  # receive buffer; payload reads of at least _DIRECT bytes bypass it
 _DIRECT = 64 << 10
 _IOV_MAX = 512
+MAX_SEGMENTS = 64  # shared segments passed with one frame (the rest of its buffers go in-band)
+_CMSG_SPACE = socket.CMSG_SPACE(MAX_SEGMENTS * 4)
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)  # a plain int: an IntFlag test costs microseconds
 
 _MAGIC = b"AGRPC/1 "  # 8 bytes: protocol and version
 _CHALLENGE_BYTES = 32
@@ -52,6 +57,9 @@ class Connection:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
+        # a Unix socket carries file descriptors: large buffers then travel as shared segments
+        self.fd_passing = sock.family == socket.AF_UNIX and _shm.available
+        self._fds: collections.deque[int] = collections.deque()  # received with frames, not taken yet
         self.peer = peer
         self.max_meta_bytes = max_meta_bytes
         self.max_frame_bytes = max_frame_bytes
@@ -59,7 +67,7 @@ class Connection:
         self._rview = memoryview(self._rbuf)
         self._rstart = 0
         self._rend = 0
-        self._queue: collections.deque[list[memoryview]] = collections.deque()
+        self._queue: collections.deque[list[Any]] = collections.deque()  # [views, segments] per frame
         self._writing = False
         self._send_lot = trio.lowlevel.ParkingLot()
         self._drain_lot = trio.lowlevel.ParkingLot()
@@ -71,6 +79,7 @@ class Connection:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.waits = 0  # times the reader waited for the socket (a wait is a schedule point)
+        self._drained = False  # the last read returned less than asked: the socket is likely empty
 
     def __repr__(self) -> str:
         return f"<Connection to {self.peer}{' closed' if self.closed else ''}>"
@@ -86,6 +95,8 @@ class Connection:
             self.error = error
         self._queue.clear()
         self.queued_bytes = 0
+        while self._fds:
+            os.close(self._fds.popleft())
         try:
             trio.lowlevel.notify_closing(self._sock)
         except RuntimeError:  # not inside a trio run (closing at interpreter exit)
@@ -96,33 +107,66 @@ class Connection:
 
     # ---- sending -----------------------------------------------------------------------------------
 
-    def send_nowait(self, parts: list[Any]) -> None:
-        """Queue one frame (its parts are sent back to back, nothing in between)."""
+    def send_nowait(self, parts: list[Any], segments: list[Any] | None = None) -> None:
+        """Queue one frame (its parts are sent back to back, nothing in between); the descriptors of
+        ``segments`` (shared buffers, Unix sockets only) go with its first byte."""
         if self.closed:
             raise ConnectionClosed(f"the connection to {self.peer} is closed") from self.error
-        views = [p if isinstance(p, memoryview) else memoryview(p) for p in parts]
-        views = [v if v.format == "B" and v.ndim == 1 else v.cast("B") for v in views if v.nbytes]
-        self.frames_sent += 1
-        if not self._queue and not self._writing:
+        if len(parts) == 1 and not segments and not self._queue and not self._writing:
+            # the common small frame: straight into the socket
+            data = parts[0]
             try:
-                views = self._send_some(views)
+                n = self._sock.send(data)
+            except BlockingIOError:
+                n = 0
             except OSError as e:
                 self._broken(e)
                 raise ConnectionClosed(f"the connection to {self.peer} broke: {e}") from e
-            if not views:
+            self.frames_sent += 1
+            self.bytes_sent += n
+            if n == len(data):
                 return
-        self._queue.append(views)
-        self.queued_bytes += sum(v.nbytes for v in views)
+            rest = memoryview(data)[n:]
+            rest = rest if rest.format == "B" and rest.ndim == 1 else rest.cast("B")
+            self._queue.append([[rest], None])
+            self.queued_bytes += rest.nbytes
+            self._send_lot.unpark()
+            return
+        views = [p if isinstance(p, memoryview) else memoryview(p) for p in parts]
+        views = [v if v.format == "B" and v.ndim == 1 else v.cast("B") for v in views if v.nbytes]
+        entry = [views, segments or None]
+        self.frames_sent += 1
+        if not self._queue and not self._writing:
+            try:
+                self._send_some(entry)
+            except OSError as e:
+                self._broken(e)
+                raise ConnectionClosed(f"the connection to {self.peer} broke: {e}") from e
+            if not entry[0]:
+                return
+        self._queue.append(entry)
+        self.queued_bytes += sum(v.nbytes for v in entry[0])
         self._send_lot.unpark()
 
-    def _send_some(self, views: list[memoryview]) -> list[memoryview]:
-        """Write as much as the socket takes now; return what is left."""
+    def _send_some(self, entry: list[Any]) -> None:
+        """Write as much of a frame as the socket takes now; ``entry`` keeps what is left."""
         sock = self._sock
+        views = entry[0]
         while views:
+            segments = entry[1]
             try:
-                n = sock.sendmsg(views[:_IOV_MAX]) if len(views) > 1 else sock.send(views[0])
+                if segments:
+                    fds = array.array("i", [seg.fd for seg in segments])
+                    n = sock.sendmsg(views[:_IOV_MAX], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                    entry[1] = None
+                    for seg in segments:  # the peer holds them now; the segments are theirs
+                        seg.given_away()
+                elif len(views) > 1:
+                    n = sock.sendmsg(views[:_IOV_MAX])
+                else:
+                    n = sock.send(views[0])
             except BlockingIOError:
-                return views
+                break
             except InterruptedError:
                 continue
             self.bytes_sent += n
@@ -133,7 +177,7 @@ class Connection:
             views = views[i:]
             if n:
                 views[0] = views[0][n:]
-        return views
+        entry[0] = views
 
     async def sender(self) -> None:
         """The task writing queued frames; returns when the connection closes."""
@@ -143,13 +187,13 @@ class Connection:
                 await self._send_lot.park()
                 continue
             self._writing = True
-            views = self._queue[0]
+            entry = self._queue[0]
             try:
-                while views:
-                    before = sum(v.nbytes for v in views)
-                    views = self._send_some(views)
-                    self.queued_bytes -= before - sum(v.nbytes for v in views)
-                    if views:
+                while entry[0]:
+                    before = sum(v.nbytes for v in entry[0])
+                    self._send_some(entry)
+                    self.queued_bytes -= before - sum(v.nbytes for v in entry[0])
+                    if entry[0]:
                         await trio.lowlevel.wait_writable(sock)
             except (OSError, trio.ClosedResourceError) as e:
                 self._broken(e)
@@ -176,14 +220,13 @@ class Connection:
 
     async def _write_queue_here(self) -> None:
         while self._queue and not self.closed:
-            views = self._queue[0]
+            entry = self._queue[0]
             try:
-                views = self._send_some(views)
+                self._send_some(entry)
             except OSError as e:
                 self._broken(e)
                 raise ConnectionClosed(str(e)) from e
-            if views:
-                self._queue[0] = views
+            if entry[0]:
                 await trio.lowlevel.wait_writable(self._sock)
             else:
                 self._queue.popleft()
@@ -204,15 +247,15 @@ class Connection:
             n = self._rend - self._rstart
             self._rbuf[:n] = self._rbuf[self._rstart : self._rend]
             self._rstart, self._rend = 0, n
+        if self._drained:  # the last read took all there was: wait first (saves a failing read)
+            self._drained = False
+            await self._wait_readable()
         while True:
+            room = len(self._rbuf) - self._rend
             try:
-                n = self._sock.recv_into(self._rview[self._rend :])
+                n = self._recv(self._rview[self._rend :])
             except BlockingIOError:
-                self.waits += 1
-                try:
-                    await trio.lowlevel.wait_readable(self._sock)
-                except trio.ClosedResourceError:
-                    raise ConnectionClosed(f"the connection to {self.peer} is closed") from self.error
+                await self._wait_readable()
                 continue
             except InterruptedError:
                 continue
@@ -223,7 +266,35 @@ class Connection:
                 raise ConnectionClosed(f"{self.peer} closed the connection")
             self._rend += n
             self.bytes_received += n
+            self._drained = n < room
             return
+
+    async def _wait_readable(self) -> None:
+        self.waits += 1
+        try:
+            await trio.lowlevel.wait_readable(self._sock)
+        except trio.ClosedResourceError:
+            raise ConnectionClosed(f"the connection to {self.peer} is closed") from self.error
+
+    def _recv(self, view: memoryview) -> int:
+        if not self.fd_passing:
+            return self._sock.recv_into(view)  # type: ignore[no-any-return]
+        n, ancdata, flags, _ = self._sock.recvmsg_into([view], _CMSG_SPACE)
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self._fds.extend(fds)
+        if flags & _MSG_CTRUNC:
+            self._broken(ProtocolError("file descriptors were cut off (too many in one frame)"))
+            raise OSError("file descriptors were cut off")
+        return n  # type: ignore[no-any-return]
+
+    def take_fd(self) -> int:
+        """The next file descriptor that came with the frames (a shared segment's)."""
+        if not self._fds:
+            raise ProtocolError("a frame names a shared segment that did not come with it")
+        return self._fds.popleft()
 
     async def recv_exact(self, n: int) -> bytes:
         """The next ``n`` bytes."""
@@ -259,7 +330,7 @@ class Connection:
         while got < need:
             if need - got >= _DIRECT:
                 try:
-                    n = self._sock.recv_into(dest[got:])
+                    n = self._recv(dest[got:])
                 except BlockingIOError:
                     self.waits += 1
                     try:
@@ -288,6 +359,25 @@ class Connection:
 
         The caller reads the payload next (`recv_into` per buffer).
         """
+        while True:  # the usual case: the whole head is (or comes) into the receive buffer
+            start = self._rstart
+            if self._rend - start >= HEADER_SIZE:
+                meta_len, table_len, payload_len = HEADER.unpack_from(self._rbuf, start)
+                check_header(meta_len, table_len, payload_len, self.max_meta_bytes, self.max_frame_bytes)
+                end = start + HEADER_SIZE + meta_len + table_len
+                if end <= self._rend:
+                    view = self._rview
+                    mid = start + HEADER_SIZE + meta_len
+                    meta = bytes(view[start + HEADER_SIZE : mid])
+                    table = bytes(view[mid:end]) if table_len else b""
+                    self._rstart = end
+                    self.frames_received += 1
+                    return meta, table, payload_len
+                if end > len(self._rbuf):
+                    break  # larger than the space after it: the general path below
+            elif start + HEADER_SIZE > len(self._rbuf):
+                break
+            await self._fill()
         head = await self.recv_exact(HEADER_SIZE)
         meta_len, table_len, payload_len = HEADER.unpack(head)
         check_header(meta_len, table_len, payload_len, self.max_meta_bytes, self.max_frame_bytes)

@@ -65,6 +65,7 @@ class Node:
         self.objects: dict[int, Any] = {}
         self._object_ids = itertools.count(1)
         self._targets: dict[str, Callable[..., Any]] = {}
+        self.is_async: dict[Any, bool] = {}  # resolved functions (and bound methods) that are async
         self.main_module: Any = None  # the parent's main script, loaded in a worker for "__main__:fn"
         self.main_path: str | None = None
         self.main_name: str | None = None
@@ -247,16 +248,15 @@ def target_of(fn: Any) -> str:
 class CallContext:
     """The call a task is serving: ``await notify(value)`` streams ``value`` to the caller as it happens."""
 
-    __slots__ = ("call_id", "peer", "stream")
+    __slots__ = ("call_id", "peer")
 
-    def __init__(self, peer: Peer, call_id: int, stream: Any) -> None:
+    def __init__(self, peer: Peer, call_id: int) -> None:
         self.peer = peer
         self.call_id = call_id
-        self.stream = stream
 
     async def notify(self, value: Any) -> None:
         enc = encode([NOTIFY, self.call_id, value], describe=[("the message", value)])
-        held = _streams.stage(enc, self.stream)
+        held = _streams.stage(enc, respond=True, shm=self.peer.conn.fd_passing)
         await _streams.wait_staged(enc, held)
         self.peer.send(enc)
 
@@ -350,6 +350,7 @@ class Peer:
         self.death: BaseException | None = None  # what calls get from now on (set soon after `lost`)
         self._death_set = trio.Event()
         self._tasks: trio.Nursery | None = None
+        self.device: Any = None
         node.peers.add(self)
 
     def __repr__(self) -> str:
@@ -359,6 +360,8 @@ class Peer:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Read and dispatch frames until the connection ends; then cancel the calls served from it."""
+        rt = _current_runtime()
+        self.device = rt.cpu if rt is not None else None  # where served calls take their streams
         try:
             async with trio.open_nursery() as nursery:
                 self._tasks = nursery
@@ -381,17 +384,17 @@ class Peer:
             waits = conn.waits
             try:
                 meta, table, payload_len = await conn.recv_frame_head()
-                bufs = read_table(table, payload_len)
-                for flat, _ in bufs:
-                    await conn.recv_into(memoryview(flat))
-                problems: list[str] = []
-                msg = decode(
-                    meta,
-                    [arr for _, arr in bufs],
-                    lambda arr, rg, problems=problems: _make_tensor(arr, rg, problems),
-                    RRefMarker,
-                )
+                bufs = read_table(table, payload_len, conn.take_fd if conn.fd_passing else None)
+                for buf in bufs:
+                    if buf[0] is not None:  # in the byte stream (not a shared segment)
+                        await conn.recv_into(memoryview(buf[0]))
+                    buf = None
+                problems = self._problems = []
+                msg = decode(meta, [b[1] for b in bufs] if bufs else [], self._make_tensor, RRefMarker)
                 self._dispatch(msg, problems)
+                # let go of the frame now: its tensors must not outlive their users (a shared segment
+                # returns to the pool when they die)
+                del msg, bufs, meta, table
             except ConnectionClosed as e:
                 self._closed_reason = e
                 return
@@ -409,6 +412,10 @@ class Peer:
                 streak = 0
 
     _closed_reason: BaseException | None = None
+    _problems: list[str]
+
+    def _make_tensor(self, arr: np.ndarray, requires_grad: bool) -> Any:
+        return _make_tensor(arr, requires_grad, self._problems)
 
     def _dispatch(self, msg: Any, problems: list[str]) -> None:
         if not (isinstance(msg, list) and msg and type(msg[0]) is int):
@@ -456,6 +463,8 @@ class Peer:
     # ---- serving ---------------------------------------------------------------------------------
 
     def _serve(self, msg: list[Any], problems: list[str]) -> None:
+        """Serve a call. A plain function runs here, in the reader (it could not be cancelled anyway,
+        and this saves a task); an async one, or whatever has to wait, goes on in a task of its own."""
         kind = msg[0]
         n = {CALL: 5, RCALL: 6, NEW: 5, FETCH: 3}[kind]
         if len(msg) != n or type(msg[1]) is not int:
@@ -469,35 +478,83 @@ class Peer:
                 isinstance(k, str) for k in kwargs
             ):
                 raise ProtocolError(f"a call whose arguments are not a list and a dict: {msg!r:.80}")
+        call = _Served(self, msg)
+        handed = False
+        try:
+            if problems:
+                raise NoRuntimeError(problems[0])
+            fn, args, kwargs = call.target()
+            if fn is not None and _is_async(fn, self.node):
+                handed = self._start(call, None, (fn, args, kwargs))
+                return
+            with call.context():
+                value = call.object() if fn is None else fn(*args, **kwargs)
+            del args, kwargs
+            if inspect.isawaitable(value):
+                handed = self._start(call, value)
+                return
+            enc, held = call.respond(value)
+            del value
+            if held or not all(enc.boxes):  # a tensor still being copied out: finish in a task
+                handed = self._start(call, None, None, (enc, held))
+                return
+            self.send(enc)
+        except ConnectionClosed:
+            pass
+        except trio.Cancelled:
+            raise
+        except BaseException as e:  # the function's error (or its result's) goes to the caller
+            self._send_error(call_id, e)
+        finally:
+            if not handed:
+                call.finish()
+
+    def _start(
+        self,
+        call: _Served,
+        awaitable: Any,
+        invoke: tuple[Any, list[Any], dict[str, Any]] | None = None,
+        staged: tuple[Encoded, list[Any]] | None = None,
+    ) -> bool:
         assert self._tasks is not None
         scope = trio.CancelScope()
-        self.serving[call_id] = scope
-        self._tasks.start_soon(self._serve_task, msg, scope, problems)
+        self.serving[call.call_id] = scope
+        self._tasks.start_soon(self._serve_task, call, scope, awaitable, invoke, staged)
+        return True
 
-    async def _serve_task(self, msg: list[Any], scope: trio.CancelScope, problems: list[str]) -> None:
-        node = self.node
-        call_id = msg[1]
-        node.calls_serving += 1
-        node.max_calls_serving = max(node.max_calls_serving, node.calls_serving)
-        dev = stream = None
+    async def _serve_task(
+        self,
+        call: _Served,
+        scope: trio.CancelScope,
+        awaitable: Any,
+        invoke: tuple[Any, list[Any], dict[str, Any]] | None,
+        staged: tuple[Encoded, list[Any]] | None,
+    ) -> None:
+        call_id = call.call_id
         try:
-            try:
-                rt = current_runtime("serving a call")
-            except NoRuntimeError:
-                rt = None
-            if rt is not None:
-                dev = rt.cpu
-                stream = _streams.acquire(dev)
             with scope:
-                if problems:
-                    raise NoRuntimeError(problems[0])
-                enc, held = await self._run_call(msg, stream)
+                if staged is None:
+                    with call.context():
+                        if invoke is not None:
+                            fn, args, kwargs = invoke
+                            invoke = None
+                            awaitable = fn(*args, **kwargs)
+                            del args, kwargs
+                        value = await awaitable
+                        awaitable = None
+                    enc, held = call.respond(value)
+                    del value
+                else:
+                    enc, held = staged
+                    staged = None
                 await _streams.wait_staged(enc, held)
                 self.send(enc)
             if scope.cancelled_caught:
                 self._send_plain([CANCELLED, call_id])
         except trio.Cancelled:
             raise
+        except ConnectionClosed:
+            pass
         except BaseException as e:  # the function's error (or its result's) goes to the caller
             if isinstance(e, BaseExceptionGroup) and _only_cancelled(e) and scope.cancel_called:
                 self._send_plain([CANCELLED, call_id])
@@ -505,40 +562,7 @@ class Peer:
                 self._send_error(call_id, e)
         finally:
             self.serving.pop(call_id, None)
-            node.calls_serving -= 1
-            node.calls_served += 1
-            if stream is not None:
-                _streams.release(dev, stream)
-
-    async def _run_call(self, msg: list[Any], stream: Any) -> tuple[Encoded, list[Any]]:
-        kind, call_id = msg[0], msg[1]
-        node = self.node
-        token = current_call.set(CallContext(self, call_id, stream))
-        try:
-            if kind == FETCH:
-                value = node.object(msg[2])
-            else:
-                args = [_resolve(a, node) for a in msg[-2]]
-                kwargs = {k: _resolve(v, node) for k, v in msg[-1].items()}
-                if kind == RCALL:
-                    if not isinstance(msg[3], str):
-                        raise TypeError(f"a method name must be a str, got {msg[3]!r}")
-                    fn = getattr(node.object(msg[2]), msg[3])
-                else:
-                    fn = node.resolve(msg[2])
-                if stream is not None:
-                    with use_stream(stream):
-                        value = await _invoke(fn, args, kwargs)
-                else:
-                    value = await _invoke(fn, args, kwargs)
-                del args, kwargs
-                if kind == NEW:
-                    value = node.add_object(value)
-            enc = encode([RESULT, call_id, value], describe=[("the result", value)])
-            held = _streams.stage(enc, stream)
-            return enc, held
-        finally:
-            current_call.reset(token)
+            call.finish()
 
     def _send_error(self, call_id: int, e: BaseException) -> None:
         try:
@@ -555,7 +579,8 @@ class Peer:
             pass
 
     def send(self, enc: Encoded) -> None:
-        self.conn.send_nowait(enc.frame())
+        parts, segments = enc.frame()
+        self.conn.send_nowait(parts, segments)
 
     # ---- calling ---------------------------------------------------------------------------------
 
@@ -568,7 +593,7 @@ class Peer:
         else:
             msg = [kind, call_id, *head, list(args), kwargs]
         enc = encode(msg, describe=[("args", args), ("kwargs", kwargs)])
-        held = _streams.stage(enc)
+        held = _streams.stage(enc, shm=self.conn.fd_passing)
         return Outgoing(call_id, enc, held, what)
 
     async def roundtrip(
@@ -579,11 +604,14 @@ class Peer:
         p: Pending | None = None
         acquired = False
         try:
-            await self._check_alive()
+            if self.death is not None or self.lost.is_set():
+                await self._check_alive()
             await self.budget.acquire(nbytes)
             acquired = True
-            await _streams.wait_staged(out.enc, out.held)
-            await self._check_alive()
+            if out.held or out.enc.tensors:
+                await _streams.wait_staged(out.enc, out.held)
+            if self.death is not None or self.lost.is_set():
+                await self._check_alive()
             p = self.pending[out.call_id] = Pending(on_notify)
             try:
                 self.send(out.enc)
@@ -641,18 +669,109 @@ class Peer:
         self.conn.close()
 
 
+class _Served:
+    """One call being served: it has a pool stream of its own, current while the function runs (its
+    kernels queue there, nothing is synchronised); the response is staged from that stream, which goes
+    back to the pool when the call ends (the pool hands it out again only once its work is done)."""
+
+    __slots__ = ("call_id", "dev", "msg", "peer", "stream")
+
+    def __init__(self, peer: Peer, msg: list[Any]) -> None:
+        self.peer = peer
+        self.msg = msg
+        self.call_id: int = msg[1]
+        node = peer.node
+        node.calls_serving += 1
+        node.max_calls_serving = max(node.max_calls_serving, node.calls_serving)
+        self.dev = dev = peer.device
+        self.stream = _streams.acquire(dev) if dev is not None else None
+
+    def target(self) -> tuple[Any, list[Any], dict[str, Any]]:
+        """The function to call and its arguments (no function for a fetch)."""
+        msg = self.msg
+        kind = msg[0]
+        node = self.peer.node
+        if kind == FETCH:
+            return None, [], {}
+        args = [_resolve(a, node) for a in msg[-2]]
+        kwargs = {k: _resolve(v, node) for k, v in msg[-1].items()}
+        if kind == RCALL:
+            if not isinstance(msg[3], str):
+                raise TypeError(f"a method name must be a str, got {msg[3]!r}")
+            return getattr(node.object(msg[2]), msg[3]), args, kwargs
+        return node.resolve(msg[2]), args, kwargs
+
+    def object(self) -> Any:
+        return self.peer.node.object(self.msg[2])
+
+    def context(self) -> _CallScope:
+        """The block the function runs in: this call current (`current_call`), and its stream."""
+        return _CallScope(self)
+
+    def respond(self, value: Any) -> tuple[Encoded, list[Any]]:
+        """The response packed, its tensors' copy-out queued on the call's stream (inline when small)."""
+        if self.msg[0] == NEW:
+            value = self.peer.node.add_object(value)
+        enc = encode([RESULT, self.call_id, value], describe=[("the result", value)])
+        self.msg = None  # type: ignore[assignment]  # the arguments may go now
+        if self.stream is not None:
+            with use_stream(self.stream):
+                held = _streams.stage(enc, respond=True, shm=self.peer.conn.fd_passing)
+        else:
+            held = _streams.stage(enc, respond=True, shm=self.peer.conn.fd_passing)
+        return enc, held
+
+    def finish(self) -> None:
+        node = self.peer.node
+        node.calls_serving -= 1
+        node.calls_served += 1
+        self.msg = None  # type: ignore[assignment]
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            _streams.release(self.dev, stream)
+
+
+class _CallScope:
+    __slots__ = ("_call", "_token", "_use")
+
+    def __init__(self, call: _Served) -> None:
+        self._call = call
+
+    def __enter__(self) -> None:
+        call = self._call
+        self._token = current_call.set(CallContext(call.peer, call.call_id))
+        self._use = use_stream(call.stream) if call.stream is not None else None
+        if self._use is not None:
+            self._use.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._use is not None:
+            self._use.__exit__()
+        current_call.reset(self._token)
+
+
+def _is_async(fn: Any, node: Node) -> bool:
+    cache = node.is_async
+    try:
+        return cache[fn]
+    except (KeyError, TypeError):
+        pass
+    flag = inspect.iscoroutinefunction(fn) or (
+        not inspect.isroutine(fn) and not isinstance(fn, type) and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+    try:
+        if len(cache) < 4096:
+            cache[fn] = flag
+    except TypeError:  # unhashable
+        pass
+    return flag
+
+
 def _only_cancelled(eg: BaseExceptionGroup) -> bool:
     return all(
         isinstance(e, trio.Cancelled) or (isinstance(e, BaseExceptionGroup) and _only_cancelled(e))
         for e in eg.exceptions
     )
-
-
-async def _invoke(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
-    value = fn(*args, **kwargs)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
 
 
 def _resolve(value: Any, node: Node) -> Any:
@@ -663,6 +782,13 @@ def _resolve(value: Any, node: Node) -> Any:
             )
         return node.object(value.object_id)
     return value
+
+
+def _current_runtime() -> Any:
+    try:
+        return current_runtime("serving a call")
+    except NoRuntimeError:
+        return None
 
 
 def _make_tensor(arr: np.ndarray, requires_grad: bool, problems: list[str]) -> Any:
@@ -696,7 +822,8 @@ async def read_message(conn: Connection, timeout: float) -> Any:
 
 
 def send_message(conn: Connection, msg: list[Any]) -> None:
-    conn.send_nowait(encode(msg).frame())
+    parts, _ = encode(msg).frame()
+    conn.send_nowait(parts)
 
 
 async def serve_connections(

@@ -18,9 +18,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..devices import DeviceStatistics, Stream
-from ..runtime import apply, current_runtime, defop, no_grad, use_stream
+from ..devices import INLINE_MAX_ELEMENTS, DeviceStatistics, Stream
+from ..runtime import apply, current_runtime, current_stream, defop, use_stream
 from ..runtime import from_numpy as _from_numpy
+from . import _shm
+from ._connection import MAX_SEGMENTS
 from ._wire import Encoded, stage_kernel, stage_meta
 
 OP_STAGE = defop("rpc_stage", stage_kernel, stage_meta, None, saves=())
@@ -44,28 +46,73 @@ def release(device: Any, stream: Stream) -> None:
     device.pool.release(stream)
 
 
-def stage(enc: Encoded, stream: Stream | None = None) -> list[tuple[Any, Stream]]:
-    """Queue the copy-out of ``enc``'s tensors on a pool stream of their device (inline where a value is
-    small and ready already); on ``stream`` for tensors of its device (a served call responds from its
-    own stream). Returns the (device, stream) pairs taken, for `wait_staged` to give back."""
+def stage(enc: Encoded, *, respond: bool = False, shm: bool = False) -> list[tuple[Any, Stream]]:
+    """Queue the copy-out of ``enc``'s tensors into their wire buffers.
+
+    A small tensor whose value is computed already is copied inline (a few microseconds, no stream);
+    the others on a pool stream of their device (a send: taken here, waiting on the events of the
+    streams that produce the values) or, for a served call's response (``respond``), on the call's own
+    current stream, after the function's kernels. Returns the (device, stream) pairs taken, for
+    `wait_staged` to give back. With ``shm`` (a connection to a local process that takes shared
+    segments) large buffers are staged into shared segments.
+    """
     held: list[tuple[Any, Stream]] = []
-    if not enc.tensors:
-        return held
-    current_runtime("sending tensors")
-    streams: dict[Any, Stream] = {} if stream is None else {stream.device: stream}
+    streams: dict[Any, Stream] = {}
+    shm_left = MAX_SEGMENTS
+    staged = enc.staged
+    # the staging op has no backward rule: it records no graph whatever the grad mode
     try:
-        with no_grad():
+        for t, box in zip(enc.tensors, enc.boxes):
+            src = _from_numpy(t) if isinstance(t, np.ndarray) else t
+            dev = src.device
+            if dev.type != "cpu":
+                raise TypeError(f"only tensors on a cpu device can be sent yet, got one on {dev}")
+            n = src.numel()
+            if n <= INLINE_MAX_ELEMENTS and src.is_ready():
+                staged.append(apply(OP_STAGE, (src,), {"box": box}))  # runs inline: no stream
+                continue
+            big = shm and shm_left > 0 and n * src.dtype.itemsize >= _shm.MIN_BYTES
+            shm_left -= big
+            stream = streams.get(dev)
+            if stream is None:
+                if respond:
+                    stream = current_stream(dev)
+                else:
+                    stream = acquire(dev)
+                    held.append((dev, stream))
+                streams[dev] = stream
+            with use_stream(stream):
+                staged.append(apply(OP_STAGE, (src,), {"box": box, "shm": big}))
+    except BaseException:
+        for dev, stream in held:
+            release(dev, stream)
+        raise
+    return held
+    current_runtime("sending tensors")
+    streams: dict[Any, Stream] = {}
+    shm_left = MAX_SEGMENTS
+    try:
+        if True:  # the staging op has no backward rule: it records no graph whatever the grad mode
             for t, box in zip(enc.tensors, enc.boxes):
                 src = _from_numpy(t) if isinstance(t, np.ndarray) else t
                 dev = src.device
                 if dev.type != "cpu":
                     raise TypeError(f"only tensors on a cpu device can be sent yet, got one on {dev}")
+                if src.is_ready() and src.numel() <= INLINE_MAX_ELEMENTS:
+                    enc.staged.append(apply(OP_STAGE, (src,), {"box": box}))  # runs inline: no stream
+                    continue
+                big = shm and shm_left > 0 and src.numel() * src.dtype.itemsize >= _shm.MIN_BYTES
+                shm_left -= big
                 stream = streams.get(dev)
                 if stream is None:
-                    stream = streams[dev] = acquire(dev)
-                    held.append((dev, stream))
+                    if respond:
+                        stream = current_stream(dev)
+                    else:
+                        stream = acquire(dev)
+                        held.append((dev, stream))
+                    streams[dev] = stream
                 with use_stream(stream):
-                    enc.staged.append(apply(OP_STAGE, (src,), {"box": box}))
+                    enc.staged.append(apply(OP_STAGE, (src,), {"box": box, "shm": big}))
     except BaseException:
         for dev, stream in held:
             release(dev, stream)

@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from ..runtime import get_default_dtype, is_grad_enabled
+from . import _shm
 from ._connection import Connection, ConnectionClosed, Listener
 from ._errors import ProtocolError, WorkerDied, WorkersClosed
 from ._future import Future
@@ -427,6 +428,7 @@ class Workers:
                     w.process.close()
             if self._listener is not None:
                 self._listener.close()
+            _shm.pool.clear()  # free shared segments kept for reuse: no descriptor left behind
             if self._tmpdir is not None:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
 
@@ -462,7 +464,7 @@ async def open_workers(
     timeout: float | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
-    transport: str = "tcp",
+    transport: str = "auto",
     secret: bytes | str | None = None,
     token_file: str | os.PathLike[str] | None = None,
     remote: int = 0,
@@ -480,7 +482,9 @@ async def open_workers(
         timeout: Default timeout (seconds) of every call; None waits for as long as it takes.
         host, port: Where to listen for workers. Loopback unless told otherwise; give a reachable
             address (and a fixed port) for workers on other hosts.
-        transport: ``"tcp"`` (TCP_NODELAY) or ``"unix"`` (Unix sockets: local workers only).
+        transport: ``"unix"`` (Unix sockets: local workers only; a large tensor's buffer is handed over
+            as a shared segment, staged once, never copied again), ``"tcp"`` (TCP_NODELAY; received
+            straight into the destination buffer) or ``"auto"``: unix unless ``remote`` workers join.
         secret, token_file: The cluster secret every connection proves (HMAC challenge). By default a
             fresh random one; ``token_file`` reads it from a file, or writes a new one there (mode 0600)
             for workers on other hosts: ``python -m asyncgrad.distributed.worker --connect HOST:PORT
@@ -497,8 +501,10 @@ async def open_workers(
     n = cores if n is None else n
     if n < 0 or remote < 0 or n + remote < 1:
         raise ValueError(f"open_workers needs at least one worker, got n={n}, remote={remote}")
-    if transport not in ("tcp", "unix"):
-        raise ValueError(f"transport is 'tcp' or 'unix', got {transport!r}")
+    if transport not in ("tcp", "unix", "auto"):
+        raise ValueError(f"transport is 'auto', 'tcp' or 'unix', got {transport!r}")
+    if transport == "auto":
+        transport = "tcp" if remote else "unix"
     if transport == "unix" and remote:
         raise ValueError("workers on other hosts need transport='tcp'")
     runtime_options = {

@@ -10,8 +10,8 @@ import contextvars
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -316,28 +316,36 @@ def _new_task_streams(task: Any) -> _TaskStreams:
     return ts
 
 
-@contextmanager
-def use_stream(stream: Stream) -> Iterator[Stream]:
+class use_stream:
     """Make ``stream`` the calling task's current stream on its device for the block (ops queue there).
 
     The stream stays the caller's: it is not returned to any pool when the block ends; the task's own
     stream on that device is current again afterwards.
     """
-    try:
-        task = trio.lowlevel.current_task()
-    except RuntimeError:
-        raise NoRuntimeError(_NO_RUNTIME.format(what="use_stream")) from None
-    ts = _task_streams.get()
-    if ts is None or ts.task is not task:
-        ts = _new_task_streams(task)
-    dev = stream.device
-    by_device = ts.by_device
-    prev = by_device.get(dev)
-    by_device[dev] = stream
-    try:
-        yield stream
-    finally:
-        if prev is None:
-            by_device.pop(dev, None)
+
+    __slots__ = ("_by_device", "_prev", "_stream")
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+
+    def __enter__(self) -> Stream:
+        try:
+            task = trio.lowlevel.current_task()
+        except RuntimeError:
+            raise NoRuntimeError(_NO_RUNTIME.format(what="use_stream")) from None
+        ts = _task_streams.get()
+        if ts is None or ts.task is not task:
+            ts = _new_task_streams(task)
+        stream = self._stream
+        by_device = self._by_device = ts.by_device
+        self._prev = by_device.get(stream.device)
+        by_device[stream.device] = stream
+        return stream
+
+    def __exit__(self, *exc: object) -> None:
+        dev = self._stream.device
+        if self._prev is None:
+            self._by_device.pop(dev, None)
         else:
-            by_device[dev] = prev
+            self._by_device[dev] = self._prev
+        self._by_device = self._prev = None  # type: ignore[assignment]

@@ -119,7 +119,7 @@ def _frame(msg: object, table: bytes = b"", payload: bytes = b"") -> bytes:
 def _fuzz_frames(rng: random.Random) -> list[bytes]:
     """500 frames: random bytes, truncated frames, oversized headers, wrong types and bad tables."""
     good = _wire.encode([_peer.CALL, 1, f"{_fns.__name__}:add", [1, 2], {}])
-    good_bytes = b"".join(bytes(p) for p in good.frame())
+    good_bytes = b"".join(bytes(p) for p in good.frame()[0])
     arr_ext = msgpack.ExtType(_wire.EXT_TENSOR, msgpack.packb([0, False]))
     frames: list[bytes] = []
     for i in range(500):
@@ -150,20 +150,23 @@ def _fuzz_frames(rng: random.Random) -> list[bytes]:
                     ["O", [2], [8], 16], ["<f8", [2, 2], [8, 8], 32], ["<f8", [4], [800], 32], ["<f8", [4], [8], 31],
                     ["V8", [1], [8], 8], ["nonsense", [1], [1], 1], ["<f8", [-1], [8], 8], ["<f8", [2], [-8], 16],
                     "not a list", [1, 2, 3, 4],
+                    ["<f8", [4], [8], 32, 4096], ["<f8", [4], [8], 32, 8],  # a shared segment that never came
                 ]
             )
             table = msgpack.packb([entry], use_bin_type=True)
             n = entry[3] if isinstance(entry, list) and isinstance(entry[3], int) and 0 <= entry[3] < 100 else 8
+            n = 0 if isinstance(entry, list) and len(entry) == 5 else n
             frames.append(_frame([_peer.CALL, 1, f"{_fns.__name__}:identity", [arr_ext], {}], table, bytes(n)))
     return frames
 
 
-async def test_500_fuzzed_frames_leave_the_worker_serving(rt) -> None:
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_500_fuzzed_frames_leave_the_worker_serving(rt, transport) -> None:
     rng = random.Random(20261201)
     frames = _fuzz_frames(rng)
     assert len(frames) == 500
     with trio.fail_after(TIMEOUT * 3):
-        async with dist.open_workers(1) as workers:
+        async with dist.open_workers(1, transport=transport) as workers:
             w = workers[0]
             before = (await w.statistics()).frames_rejected
 

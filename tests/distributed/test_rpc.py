@@ -268,19 +268,19 @@ async def test_shutdown_leaves_no_process_thread_or_fd(rt) -> None:
             workers[1].call_nowait(_fns.sleep, 30)  # still running when the block ends
     assert children() == kids
     assert threads() <= before
-    assert fds() == files
+    assert fds() <= files  # none new (a segment kept for reuse by an earlier test may be gone)
     # also when the block fails, and when it is cancelled
     with pytest.raises(ZeroDivisionError):
         with trio.fail_after(TIMEOUT):
             async with dist.open_workers(1) as workers:
                 workers[0].call_nowait(_fns.sleep, 30)
                 1 / 0  # noqa: B018
-    assert children() == kids and fds() == files and threads() <= before
+    assert children() == kids and fds() <= files and threads() <= before
     with trio.move_on_after(5) as cs:
         async with dist.open_workers(1) as workers:
             await workers[0].call(_fns.sleep, 30)
     assert cs.cancelled_caught
-    assert children() == kids and fds() == files and threads() <= before
+    assert children() == kids and fds() <= files and threads() <= before
 
 
 async def test_a_worker_from_another_host_joins_with_a_token_file(rt, tmp_path) -> None:
@@ -308,6 +308,40 @@ async def test_a_worker_from_another_host_joins_with_a_token_file(rt, tmp_path) 
                 assert far.process is None and await far.call(_fns.add, 40, 2) == 42
                 np.testing.assert_array_equal((await far.call(_fns.double, ag.ones(3))).numpy(), [2, 2, 2])
             assert oct(token.stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_large_tensors_keep_their_layout_and_share_nothing(rt, transport) -> None:
+    """Over a Unix socket a large buffer is handed over as a shared segment (staged once); over TCP it is
+    received straight into its buffer. Either way: the layout arrives, and nothing is shared."""
+    from asyncgrad.distributed import _shm
+
+    rng = np.random.default_rng(0)
+    c = rng.standard_normal((8, 64, 64, 64)).astype(np.float32)  # 8 MiB
+    layouts = {"C": c, "F": np.asfortranarray(c), "channels-last": c.transpose(0, 2, 3, 1)}
+    kids, files = children(), fds()
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_workers(1, transport=transport) as workers:
+            w = workers[0]
+            for name, src in layouts.items():
+                t = ag.from_numpy(src)
+                back = await w.call(_fns.identity, t)
+                a = back.numpy()
+                assert a.strides == src.strides, name
+                np.testing.assert_array_equal(a, src)
+                assert not np.shares_memory(a, src)
+                a += 1  # ours to write; the worker's copy and the source are untouched
+                np.testing.assert_array_equal(src, layouts[name])
+                assert await w.call(_fns.describe, t) == ["tensor", "float32", list(src.shape),
+                                                          list(src.strides), False, True]
+                del back, a
+            # computed remotely, sent back while its kernel may still be queued on the call's stream
+            y = await w.call(_fns.double, ag.from_numpy(c))
+            np.testing.assert_array_equal(y.numpy(), c * 2)
+            del y
+            if transport == "unix" and _shm.available:
+                assert _shm.pool.reused >= 1  # a segment whose tensor died was used again
+    assert children() == kids and fds() <= files
 
 
 async def test_unix_socket_transport(rt) -> None:

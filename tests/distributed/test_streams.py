@@ -99,7 +99,7 @@ async def test_the_callee_runs_on_pool_streams_without_a_sync() -> None:
                 # the function returned with its kernels still queued (no synchronisation) ...
                 assert r1["pending"] >= 2 and r2["pending"] >= 2
                 # ... each call on a pool stream of its own, taken by the RPC layer ...
-                assert r1["stream"] != r2["stream"] and r1["rpc_in_use"] >= 1
+                assert r1["stream"] != r2["stream"] and r1["rpc_in_use"] >= 1 and r1["in_use"] >= 1
                 # ... and the response, staged from that same stream, follows those kernels
                 np.testing.assert_array_equal(_values(y1), np.arange(65536.0).reshape(256, 256) * 2)
                 np.testing.assert_array_equal(_values(y2), _values(y1))
