@@ -45,12 +45,13 @@ def _lib() -> Any:
 
 
 class Pool:
-    """Free segments of this process: (fd, size) pairs, pages populated. Thread-safe (segments come back
-    from finalizers, which the garbage collector may run in any thread)."""
+    """Free segments of this process, still mapped (pages populated, page tables filled): reusing one
+    costs nothing but the copy. Thread-safe (segments come back from finalizers, which the garbage
+    collector may run in any thread)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._free: list[tuple[int, int]] = []
+        self._free: list[tuple[int, int, int]] = []  # (fd, size, address of our mapping)
         self.created = 0
         self.reused = 0
 
@@ -59,35 +60,36 @@ class Pool:
         size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
         got = None
         with self._lock:
-            for i, (_fd, sz) in enumerate(self._free):
+            for i, (_fd, sz, _addr) in enumerate(self._free):
                 if size <= sz <= 2 * size:
                     got = self._free.pop(i)
                     break
-        if got is None:
-            fd = os.memfd_create("asyncgrad-rpc", os.MFD_CLOEXEC)
-            try:
-                os.ftruncate(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
-            self.created += 1
-            got = (fd, size)
-        else:
+        if got is not None:
             self.reused += 1
-        return Mapping(got[0], got[1], self)
+            return Mapping(got[0], got[1], self, got[2])
+        fd = os.memfd_create("asyncgrad-rpc", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.created += 1
+        return Mapping(fd, size, self)
 
-    def put(self, fd: int, size: int) -> None:
+    def put(self, fd: int, size: int, addr: int) -> None:
         with self._lock:
-            if len(self._free) < POOL_SEGMENTS and sum(s for _, s in self._free) + size <= POOL_BYTES:
-                self._free.append((fd, size))
+            if len(self._free) < POOL_SEGMENTS and sum(s for _, s, _ in self._free) + size <= POOL_BYTES:
+                self._free.append((fd, size, addr))
                 return
+        _lib().munmap(addr, size)
         os.close(fd)
 
     def clear(self) -> None:
-        """Close every free segment (when the workers close: no file descriptor is left behind)."""
+        """Unmap and close every free segment (when the workers close: no descriptor left behind)."""
         with self._lock:
             free, self._free = self._free, []
-        for fd, _ in free:
+        for fd, size, addr in free:
+            _lib().munmap(addr, size)
             os.close(fd)
 
     def __len__(self) -> int:
@@ -99,20 +101,19 @@ pool = Pool()
 
 class Mapping:
     """A memfd segment mapped into this process. Numpy views of it (``array()``) keep it alive; when the
-    last one dies it is unmapped and its descriptor goes back to the pool, unless it was given away."""
+    last one dies it goes back to the pool, still mapped, unless it was given away (then it is unmapped)."""
 
     __slots__ = ("__array_interface__", "__weakref__", "addr", "fd", "pool", "size")
 
-    def __init__(self, fd: int, size: int, owner: Pool | None) -> None:
-        lib = _lib()
-        addr = lib.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd, 0)
-        if addr is None or addr == _MAP_FAILED:
-            err = ctypes.get_errno()
-            if owner is not None:
-                owner.put(fd, size)
-            else:
+    def __init__(self, fd: int, size: int, owner: Pool | None, addr: int | None = None) -> None:
+        if addr is None:
+            addr = _lib().mmap(
+                None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd, 0
+            )
+            if addr is None or addr == _MAP_FAILED:
+                err = ctypes.get_errno()
                 os.close(fd)
-            raise OSError(err, f"mmap of a shared segment failed: {os.strerror(err)}")
+                raise OSError(err, f"mmap of a shared segment failed: {os.strerror(err)}")
         self.addr = addr
         self.size = size
         self.fd: int | None = fd
@@ -130,16 +131,16 @@ class Mapping:
             os.close(fd)
 
     def __del__(self) -> None:
-        try:
-            _libc.munmap(self.addr, self.size)
-        except Exception:  # interpreter shutdown
-            return
         fd, self.fd = self.fd, None
-        if fd is not None:
-            if self.pool is not None:
-                self.pool.put(fd, self.size)
-            else:
+        try:
+            if fd is not None and self.pool is not None:
+                self.pool.put(fd, self.size, self.addr)
+                return
+            _libc.munmap(self.addr, self.size)
+            if fd is not None:
                 os.close(fd)
+        except Exception:  # interpreter shutdown
+            pass
 
 
 def receive(fd: int, size: int) -> Mapping:

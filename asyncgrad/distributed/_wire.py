@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..devices import INLINE_MAX_ELEMENTS
+from ..devices import INLINE_MAX_ELEMENTS, run_parts
 from ..runtime import Tensor, is_dense_nonoverlapping
 from . import _shm
 from ._errors import ProtocolError
@@ -41,7 +41,9 @@ DEFAULT_MAX_META_BYTES = 64 << 20  # msgpack part of one frame (plain values): 6
 MAX_NDIM = 64
 MAX_TENSORS = 1 << 16  # buffers in one frame
 _INLINE_BYTES = 32 << 10  # a ready value of at most this size (and INLINE_MAX_ELEMENTS) goes in the message
-_JOIN_BYTES = 16 << 10  # a frame with at most this much payload is joined into one buffer to send
+_JOIN_BYTES = 16 << 10
+_SPLIT_BYTES = 8 << 20  # a larger copy-out is split across idle lanes (`run_parts`)
+_SPLITS = 8  # a frame with at most this much payload is joined into one buffer to send
 
 EXT_TENSOR = 1  # [index, requires_grad]
 EXT_ARRAY = 2  # index
@@ -330,9 +332,22 @@ def stage_kernel(a: np.ndarray, box: list[Any], shm: bool = False) -> np.ndarray
     else:
         strides = _c_strides(a.shape, a.itemsize)
     out = np.ndarray(a.shape, a.dtype, buffer=flat, strides=strides)
+    if nbytes >= _SPLIT_BYTES and strides == a.strides:
+        # the same layout: copy the memory block in slices, on this lane and any idle sibling
+        src = a.ravel(order="K")
+        if src.__array_interface__["data"][0] == a.__array_interface__["data"][0]:
+            src = src.view(np.uint8)
+            step = -(-nbytes // _SPLITS // 4096) * 4096
+            run_parts([_copier(flat[i : i + step], src[i : i + step]) for i in range(0, nbytes, step)])
+            box.append((flat, strides, segment))
+            return out
     np.copyto(out, a, casting="no")
     box.append((flat, strides, segment))
     return out
+
+
+def _copier(dst: np.ndarray, src: np.ndarray) -> Callable[[], None]:
+    return lambda: np.copyto(dst, src)
 
 
 def stage_meta(a: Any, box: list[Any], shm: bool = False) -> tuple[tuple[int, ...], np.dtype[Any]]:
