@@ -277,12 +277,18 @@ class Budget:
         self._node = node
         self._lot = trio.lowlevel.ParkingLot()
 
-    async def acquire(self, n: int) -> None:
+    def try_acquire(self, n: int) -> bool:
         if self.used and self.used + n > self.limit:
-            while self.used and self.used + n > self.limit:
-                await self._lot.park()
-        else:
-            await trio.lowlevel.checkpoint_if_cancelled()
+            return False
+        self._take(n)
+        return True
+
+    async def acquire(self, n: int) -> None:
+        while self.used and self.used + n > self.limit:
+            await self._lot.park()
+        self._take(n)
+
+    def _take(self, n: int) -> None:
         self.used += n
         self.max_used = max(self.max_used, self.used)
         node = self._node
@@ -299,15 +305,34 @@ class Budget:
 
 
 class Pending:
-    """An outgoing call waiting for its reply."""
+    """An outgoing call waiting for its reply (the reader wakes its task directly: no Event per call)."""
 
-    __slots__ = ("error", "event", "on_notify", "value")
+    __slots__ = ("done", "error", "on_notify", "task", "value")
 
     def __init__(self, on_notify: Callable[[Any], None] | None) -> None:
-        self.event = trio.Event()
+        self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
         self.on_notify = on_notify
+        self.task: Any = None
+
+    def set(self) -> None:
+        self.done = True
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        if self.done:
+            await trio.lowlevel.checkpoint()
+            return
+        self.task = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> Any:
+            self.task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class Outgoing:
@@ -425,7 +450,7 @@ class Peer:
             if len(msg) != (2 if kind == CANCELLED else 3) or type(msg[1]) is not int:
                 raise ProtocolError(f"a malformed reply {msg!r:.80}")
             p = self.pending.get(msg[1])
-            if p is None or p.event.is_set():
+            if p is None or p.done:
                 return  # a late reply to a call that was cancelled or timed out
             if kind == NOTIFY:
                 if p.on_notify is not None:
@@ -439,7 +464,7 @@ class Peer:
                 p.error = error_from_wire(msg[2], self.name)
             else:
                 p.error = RuntimeError(f"the call was cancelled on {self.name}")
-            p.event.set()
+            p.set()
         elif kind in (CALL, RCALL, NEW, FETCH):
             self._serve(msg, problems)
         elif kind == CANCEL:
@@ -606,7 +631,8 @@ class Peer:
         try:
             if self.death is not None or self.lost.is_set():
                 await self._check_alive()
-            await self.budget.acquire(nbytes)
+            if not self.budget.try_acquire(nbytes):
+                await self.budget.acquire(nbytes)
             acquired = True
             if out.held or out.enc.tensors:
                 await _streams.wait_staged(out.enc, out.held)
@@ -622,15 +648,15 @@ class Peer:
                 raise
             self.node.calls_sent += 1
             if timeout is None:
-                await p.event.wait()
+                await p.wait()
             else:
                 with trio.move_on_after(timeout):
-                    await p.event.wait()
-                if not p.event.is_set():
+                    await p.wait()
+                if not p.done:
                     self._cancel_remote(out.call_id)
                     raise TimeoutError(f"{out.what} on {self.name} did not answer within {timeout:g} s (cancelled)")
         except trio.Cancelled:
-            if p is not None and not p.event.is_set():
+            if p is not None and not p.done:
                 self._cancel_remote(out.call_id)
             raise
         finally:
@@ -663,9 +689,9 @@ class Peer:
             self.death = error
             self._death_set.set()
         for p in list(self.pending.values()):
-            if not p.event.is_set():
+            if not p.done:
                 p.error = error
-                p.event.set()
+                p.set()
         self.conn.close()
 
 
