@@ -145,7 +145,7 @@ class Connection:
             if not entry[0]:
                 return
         self._queue.append(entry)
-        self.queued_bytes += sum(v.nbytes for v in entry[0])
+        self.queued_bytes += sum(v.nbytes for v in entry[0] or ())
         self._send_lot.unpark()
 
     def _send_some(self, entry: list[Any]) -> None:

@@ -410,13 +410,20 @@ class Peer:
             try:
                 meta, table, payload_len = await conn.recv_frame_head()
                 bufs = read_table(table, payload_len, conn.take_fd if conn.fd_passing else None)
-                for buf in bufs:
-                    if buf[0] is not None:  # in the byte stream (not a shared segment)
-                        await conn.recv_into(memoryview(buf[0]))
-                    buf = None
+                for i in range(len(bufs)):
+                    dest = bufs[i][0]
+                    if dest is not None:  # in the byte stream (not a shared segment)
+                        await conn.recv_into(memoryview(dest))  # type: ignore[arg-type]
+                    dest = None
                 problems = self._problems = []
                 msg = decode(meta, [b[1] for b in bufs] if bufs else [], self._make_tensor, RRefMarker)
-                self._dispatch(msg, problems)
+                try:
+                    self._dispatch(msg, problems)
+                except (ProtocolError, ConnectionClosed):
+                    raise
+                except Exception as e:  # a bug of ours must not end the process: drop this connection
+                    log.exception("%s: an error handling a message from %s", node.name, conn.peer)
+                    raise ProtocolError(f"an error handling a message: {type(e).__name__}: {e}") from e
                 # let go of the frame now: its tensors must not outlive their users (a shared segment
                 # returns to the pool when they die)
                 del msg, bufs, meta, table

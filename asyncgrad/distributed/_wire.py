@@ -246,6 +246,7 @@ class _Default:
     """The packer's ``default``: forwards to the hook of the message being packed."""
 
     __slots__ = ("hook",)
+    hook: Any
 
     def __call__(self, obj: Any) -> Any:
         return self.hook(obj)

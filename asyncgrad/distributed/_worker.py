@@ -83,7 +83,7 @@ async def serve(address: str, secret: bytes, name: str | None = None, connect_ti
         node.shutdown_requested = trio.Event()
         set_node(node)
         _apply_config(config, node)
-        rt_opts = config.get("runtime") if isinstance(config.get("runtime"), dict) else {}
+        rt_opts: dict[str, Any] = config["runtime"] if isinstance(config.get("runtime"), dict) else {}
         lanes = rt_opts.get("lanes") if type(rt_opts.get("lanes")) is int else None
         blas = rt_opts.get("blas_threads") if type(rt_opts.get("blas_threads")) is int else None
         unix_dir = config.get("unix_dir")
