@@ -224,6 +224,23 @@ def statistics_from_wire(d: dict[str, Any]) -> _streams.RPCStatistics:
 
 def target_of(fn: Any) -> str:
     """The name a function (or class) is sent by: ``module:qualified.name``. Never pickled."""
+    try:
+        return _target_names[fn]
+    except (KeyError, TypeError):
+        pass
+    name = _target_of(fn)
+    try:
+        if len(_target_names) < 4096:
+            _target_names[fn] = name
+    except TypeError:  # unhashable
+        pass
+    return name
+
+
+_target_names: dict[Any, str] = {}
+
+
+def _target_of(fn: Any) -> str:
     if isinstance(fn, str):
         if ":" not in fn:
             raise ValueError(f"a function given by name is 'module:qualified.name', got {fn!r}")
@@ -298,7 +315,8 @@ class Budget:
     def release(self, n: int) -> None:
         self.used -= n
         self._node.bytes_in_flight -= n
-        self._lot.unpark_all()
+        if self._lot:
+            self._lot.unpark_all()
 
 
 # ---- one end of a connection -------------------------------------------------------------------

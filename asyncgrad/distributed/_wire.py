@@ -36,6 +36,7 @@ from ._errors import ProtocolError
 HEADER = struct.Struct("<IIQ")
 HEADER_SIZE = HEADER.size
 
+
 DEFAULT_MAX_FRAME_BYTES = 4 << 30  # payload of one frame (tensors): 4 GiB
 DEFAULT_MAX_META_BYTES = 64 << 20  # msgpack part of one frame (plain values): 64 MiB
 MAX_NDIM = 64
@@ -103,6 +104,8 @@ class Encoded:
     def frame(self) -> tuple[list[Any], list[Any]]:
         """The frame's parts (header+meta+table, then the in-band buffers) and the shared segments whose
         descriptors go with it, once every tensor is staged."""
+        if not self.tensors:  # plain values (and small tensors packed into the message)
+            return [HEADER.pack(len(self.meta), 0, 0) + self.meta], []
         entries = []
         bufs = []
         segments = []
