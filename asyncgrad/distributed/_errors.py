@@ -47,6 +47,10 @@ class WorkerDied(RuntimeError):
         super().__init__(msg)
         self.worker = worker
         self.exitcode = exitcode
+        self.detail = detail
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.worker, self.exitcode, self.detail))
 
 
 class WorkersClosed(RuntimeError):

@@ -13,6 +13,7 @@ away cancels all of them.
 from __future__ import annotations
 
 import contextvars
+import copy
 import importlib
 import importlib.util
 import inspect
@@ -702,11 +703,11 @@ class Peer:
 
     async def _check_alive(self, wait: bool = False) -> None:
         if self.death is not None:
-            raise self.death
+            raise copy.copy(self.death)  # a fresh one per call: tracebacks do not pile up on one object
         if self.lost.is_set() or wait:
             await self._death_set.wait()
             assert self.death is not None
-            raise self.death
+            raise copy.copy(self.death)
 
     def fail(self, error: BaseException) -> None:
         """The connection is gone for good: pending calls (and later ones) raise ``error``."""
@@ -715,7 +716,7 @@ class Peer:
             self._death_set.set()
         for p in list(self.pending.values()):
             if not p.done:
-                p.error = error
+                p.error = copy.copy(error)
                 p.set()
         self.conn.close()
 

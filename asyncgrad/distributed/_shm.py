@@ -23,7 +23,7 @@ import numpy as np
 
 MIN_BYTES = 1 << 20  # buffers of at least this size go through a segment
 POOL_SEGMENTS = 8  # free segments kept per process
-POOL_BYTES = 1 << 30  # and their bytes at most
+POOL_BYTES = 512 << 20  # and their bytes at most
 _PAGE = mmap.PAGESIZE
 
 available = hasattr(os, "memfd_create") and hasattr(mmap, "MAP_POPULATE")

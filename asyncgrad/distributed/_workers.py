@@ -8,6 +8,7 @@ waits for it: no child process, thread or file descriptor is left behind.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import secrets
@@ -154,7 +155,7 @@ class Worker:
         if peer is None:
             raise WorkerDied(self.name, self.exitcode, "it never joined")
         if peer.death is not None:
-            raise peer.death
+            raise copy.copy(peer.death)
         return peer
 
     def _timeout(self, timeout: Any) -> float | None:
@@ -496,6 +497,9 @@ async def open_workers(
         max_frame_bytes: Largest payload (tensor bytes) of one message; a larger one is refused.
 
     Workers start with this task's default dtype and grad mode. Leaving the block shuts them down.
+
+    Functions defined in the main script are found by workers too: they load the script as a module (as
+    multiprocessing's spawn does), so keep its top-level code under ``if __name__ == "__main__":``.
     """
     cores = os.cpu_count() or 1
     n = cores if n is None else n
