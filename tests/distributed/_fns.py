@@ -216,3 +216,13 @@ async def on_the_call_stream(x: Any) -> Any:
     report["pending"] = s.statistics().pending
     return y, report
 
+
+
+async def stream_steps(n: int) -> str:
+    """Sends n messages to its caller while it runs (the building block of streamed reports)."""
+    call = dist.current_call.get()
+    assert call is not None
+    for i in range(n):
+        await call.notify({"step": i, "value": ag.full((2,), float(i))})
+        await trio.sleep(0.01)
+    return "finished"

@@ -361,3 +361,19 @@ def free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return int(port)
+
+
+async def test_a_running_call_streams_messages_to_its_caller(rt) -> None:
+    from asyncgrad.distributed import _peer
+
+    got: list[tuple[float, dict]] = []
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_workers(1) as workers:
+            peer = workers[0].peer
+            out = peer.prepare(_peer.CALL, [f"{_fns.__name__}:stream_steps"], (5,), {}, "stream_steps")
+            result = await peer.roundtrip(out, None, on_notify=lambda m: got.append((trio.current_time(), m)))
+            done_at = trio.current_time()
+    assert result == "finished"
+    assert [m["step"] for _, m in got] == [0, 1, 2, 3, 4]  # in order, as they happened
+    assert got[0][0] < done_at - 0.02  # the first arrived while the call was still running
+    np.testing.assert_array_equal(got[4][1]["value"].numpy(), [4.0, 4.0])
