@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import logging
 import os
 import socket
@@ -93,6 +94,9 @@ async def serve(address: str, secret: bytes, name: str | None = None, connect_ti
                 listener = Listener(unix_path=os.path.join(unix_dir, f"{node.name}.sock"))
             else:
                 listener = Listener("127.0.0.1", 0)
+            # everything made so far (modules, the runtime) lives as long as the worker: keep it out of the
+            # garbage collector's scans, which would otherwise walk it on every full collection
+            gc.freeze()
             try:
                 parent = Peer(
                     conn, node, "parent", max_inflight_bytes=limits["max_inflight_bytes"], accepts_shutdown=True
