@@ -51,6 +51,8 @@ ERROR = 21  # [ERROR, id, error]
 CANCELLED = 22  # [CANCELLED, id]
 NOTIFY = 23  # [NOTIFY, id, value]: a message from a running call to its caller
 
+_CALL_LEN = {CALL: 5, RCALL: 6, NEW: 5, FETCH: 3}  # items of a well-formed call message of each kind
+
 DEFAULT_MAX_INFLIGHT_BYTES = 1 << 30
 UNSET: Any = object()  # "the default": a timeout not given falls back to the workers' one
 
@@ -517,16 +519,15 @@ class Peer:
         """Serve a call. A plain function runs here, in the reader (it could not be cancelled anyway,
         and this saves a task); an async one, or whatever has to wait, goes on in a task of its own."""
         kind = msg[0]
-        n = {CALL: 5, RCALL: 6, NEW: 5, FETCH: 3}[kind]
-        if len(msg) != n or type(msg[1]) is not int:
+        if len(msg) != _CALL_LEN[kind] or type(msg[1]) is not int:
             raise ProtocolError(f"a malformed call {msg!r:.80}")
         call_id = msg[1]
         if call_id in self.serving:
             raise ProtocolError(f"call number {call_id} is in use already")
         if kind != FETCH:
             args, kwargs = msg[-2], msg[-1]
-            if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(
-                isinstance(k, str) for k in kwargs
+            if type(args) is not list or type(kwargs) is not dict or (
+                kwargs and not all(type(k) is str for k in kwargs)
             ):
                 raise ProtocolError(f"a call whose arguments are not a list and a dict: {msg!r:.80}")
         call = _Served(self, msg)
@@ -745,8 +746,16 @@ class _Served:
         node = self.peer.node
         if kind == FETCH:
             return None, [], {}
-        args = [_resolve(a, node) for a in msg[-2]]
-        kwargs = {k: _resolve(v, node) for k, v in msg[-1].items()}
+        args = msg[-2]
+        kwargs = msg[-1]
+        for a in args:  # RRefs passed to their owner arrive as the objects themselves
+            if type(a) is RRefMarker:
+                args = [_resolve(a, node) for a in args]
+                break
+        for v in kwargs.values():
+            if type(v) is RRefMarker:
+                kwargs = {k: _resolve(v, node) for k, v in kwargs.items()}
+                break
         if kind == RCALL:
             if not isinstance(msg[3], str):
                 raise TypeError(f"a method name must be a str, got {msg[3]!r}")

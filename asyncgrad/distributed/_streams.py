@@ -57,6 +57,8 @@ def stage(enc: Encoded, *, respond: bool = False, shm: bool = False) -> list[tup
     segments) large buffers are staged into shared segments.
     """
     held: list[tuple[Any, Stream]] = []
+    if not enc.tensors:
+        return held
     streams: dict[Any, Stream] = {}
     shm_left = MAX_SEGMENTS
     staged = enc.staged

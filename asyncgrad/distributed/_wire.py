@@ -96,10 +96,14 @@ class Encoded:
     def __init__(self, meta: bytes, tensors: list[Any]) -> None:
         self.meta = meta
         self.tensors = tensors
-        # per tensor, filled by the staging kernel: (flat uint8 buffer, strides)
-        self.boxes: list[list[Any]] = [[] for _ in tensors]
         self.staged: list[Any] = []  # the staged tensors (their kernels may still be queued)
-        self.nbytes = len(meta) + sum(_nbytes(t) for t in tensors)
+        if tensors:
+            # per tensor, filled by the staging kernel: (flat uint8 buffer, strides, shared segment)
+            self.boxes: list[list[Any]] = [[] for _ in tensors]
+            self.nbytes = len(meta) + sum(_nbytes(t) for t in tensors)
+        else:
+            self.boxes = []
+            self.nbytes = len(meta)
 
     def frame(self) -> tuple[list[Any], list[Any]]:
         """The frame's parts (header+meta+table, then the in-band buffers) and the shared segments whose
