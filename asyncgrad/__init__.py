@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _tensor_methods, autograd, cuda, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)
+from . import _tensor_methods, autograd, cuda, distributed, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)
 from .autograd import BackwardError, Function, FunctionCtx, backward, checkpoint, grad, once_differentiable
 from .devices import device
 from .ops import *  # noqa: F403  (every op: ag.add, ag.conv2d, ...)
@@ -48,6 +48,7 @@ __all__ = [
     "checkpoint",
     "cuda",
     "device",
+    "distributed",
     "grad",
     "hosting",
     "load",
@@ -60,9 +61,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # `hosting` pulls in asyncio (~3 MB resident); load it only for programs that use it
+    # `hosting` pulls in asyncio (~3 MB resident): load it only for programs that use it
     if name == "hosting":
         import importlib
 
-        return importlib.import_module(".hosting", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

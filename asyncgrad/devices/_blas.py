@@ -38,6 +38,7 @@ _base: int | None = None  # the per-lane count the lanes set (restored after eve
 _target: int | None = None  # the count lanes should run at: the base, or a lone stream's full count
 _applied: int | None = None  # the count last set here (None: unknown, set by someone else)
 _demand: dict[int, tuple[int, int]] = {}  # id(pool) -> (its streams in use, what a lone stream of it gets)
+_CORES = os.cpu_count() or 1  # read once: every stream taken or returned asks (a file read each time otherwise)
 
 
 def _find_setter() -> Any:
@@ -89,7 +90,7 @@ def set_demand(key: int, in_use: int, solo_threads: int) -> None:
     The lanes pick the resulting count up before their next kernel (`sync`).
     """
     if in_use > 0:
-        _demand[key] = (in_use, min(solo_threads, os.cpu_count() or 1))
+        _demand[key] = (in_use, min(solo_threads, _CORES))
     else:
         _demand.pop(key, None)
     _retarget()

@@ -38,6 +38,8 @@ class DeviceStatistics:
     streams_created: int
     streams_free: int
     streams_in_use: int
+    # released streams whose work is still running: handed out again only once it is done
+    streams_draining: int = 0
 
 
 @attrs.frozen
@@ -138,12 +140,15 @@ class Device(Actor):
         raise TypeError(f"device {self} got an unknown message {msg!r}")
 
     def device_statistics(self) -> DeviceStatistics:
+        pool = self.pool
+        draining = sum(not s.query() for s in pool._draining)
         return DeviceStatistics(
             name=str(self),
             lanes=self.lane_count,
-            streams_created=self.pool.created,
-            streams_free=len(self.pool._free),
-            streams_in_use=self.pool.in_use,
+            streams_created=pool.created,
+            streams_free=len(pool._free) + len(pool._draining) - draining,
+            streams_in_use=pool.in_use,
+            streams_draining=draining,
         )
 
     @property

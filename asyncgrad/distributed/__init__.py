@@ -1,8 +1,38 @@
-"""Distributed asyncgrad: worker processes over authenticated connections, and data parallel over MPI.
+"""asyncgrad.distributed: processes are actors too.
 
-mpi4py is imported only when a process group is created: ``from asyncgrad import distributed`` works
-without it.
+``async with dist.open_workers(n) as workers`` starts worker processes, each running its own asyncgrad
+runtime; ``await workers[0].call(fn, x)`` runs a module-level function there (sent by name, never pickled;
+tensors travel as raw buffers with their dtype, shape and strides). ``dist.init_process_group("mpi")`` and the
+collectives (``await dist.all_reduce(t)``) run data parallel over MPI (mpi4py is imported only when a group is
+created: ``from asyncgrad import distributed`` works without it). See DESIGN.md.
+
+This package never imports asyncgrad.nn.
 """
+
+
+# ---- RPC: worker processes, calls, stream-aware futures, RRefs (issue 16) ---------------------------
+from ._errors import AuthenticationError, RemoteError, WorkerDied, WorkersClosed
+from ._future import Future
+from ._peer import current_call, statistics
+from ._rref import RRef
+from ._streams import RPCStatistics
+from ._workers import CallCancelled, Worker, Workers, open_workers
+
+__all__ = [
+    "AuthenticationError",
+    "CallCancelled",
+    "Future",
+    "RPCStatistics",
+    "RRef",
+    "RemoteError",
+    "Worker",
+    "WorkerDied",
+    "Workers",
+    "WorkersClosed",
+    "current_call",
+    "open_workers",
+    "statistics",
+]
 
 # ---- data parallel over process groups (issue 18): process groups, collectives, comm hooks ----
 from . import comm_hooks
@@ -37,7 +67,7 @@ from ._process_group import (
     new_group,
 )
 
-__all__ = [
+__all__ += [
     # ---- process groups, collectives, comm hooks (issue 18) ----
     "DEFAULT_TIMEOUT",
     "CollectiveMismatchError",

@@ -49,8 +49,10 @@ from ._runtime import (
     Runtime,
     RuntimeStatistics,
     current_runtime,
+    current_stream,
     open_runtime,
     run,
+    use_stream,
 )
 from ._tensor import Tensor
 
@@ -79,6 +81,8 @@ __all__ = [
     "apply",
     "arange",
     "current_runtime",
+    "current_stream",
+    "current_stream",
     "default_generator",
     "defop",
     "empty",
@@ -112,6 +116,7 @@ __all__ = [
     "set_default_dtype",
     "set_grad_enabled",
     "tensor",
+    "use_stream",
     "zeros",
     "zeros_like",
 ]

@@ -278,19 +278,68 @@ def current_runtime(what: str = "this operation") -> Runtime:
     return rt
 
 
-def current_stream(device: Device) -> Stream:
-    """The calling task's stream on ``device`` (each trio task gets its own, like a CUDA current stream)."""
+def current_stream(device: Device | str | None = None) -> Stream:
+    """The calling task's stream on ``device`` (default: the runtime's CPU device).
+
+    Each trio task gets its own stream per device, taken from the device's pool on first use (like a CUDA
+    current stream); `use_stream` makes another stream current for a block.
+    """
     ts = _task_streams.get()
     try:
         task = trio.lowlevel.current_task()
     except RuntimeError:
         raise NoRuntimeError(_NO_RUNTIME.format(what="this operation")) from None
     if ts is None or ts.task is not task:
-        ts = _TaskStreams(task)
-        _task_streams.set(ts)
-        # the task's streams go back to their pools when the task object dies
-        weakref.finalize(task, _release_streams, ts.by_device)
-    s = ts.by_device.get(device)
+        ts = _new_task_streams(task)
+    s = ts.by_device.get(device)  # type: ignore[arg-type]
     if s is None:
+        if not isinstance(device, Device):  # a name or None: resolved off the per-op path
+            device = current_runtime("current_stream").device("cpu" if device is None else device)
+            s = ts.by_device.get(device)
+            if s is not None:
+                return s
         s = ts.by_device[device] = device.pool.acquire()
     return s
+
+
+def _new_task_streams(task: Any) -> _TaskStreams:
+    ts = _TaskStreams(task)
+    _task_streams.set(ts)
+    # the task's streams go back to their pools when the task object dies
+    weakref.finalize(task, _release_streams, ts.by_device)
+    return ts
+
+
+class use_stream:
+    """Make ``stream`` the calling task's current stream on its device for the block (ops queue there).
+
+    The stream stays the caller's: it is not returned to any pool when the block ends; the task's own
+    stream on that device is current again afterwards.
+    """
+
+    __slots__ = ("_by_device", "_prev", "_stream")
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+
+    def __enter__(self) -> Stream:
+        try:
+            task = trio.lowlevel.current_task()
+        except RuntimeError:
+            raise NoRuntimeError(_NO_RUNTIME.format(what="use_stream")) from None
+        ts = _task_streams.get()
+        if ts is None or ts.task is not task:
+            ts = _new_task_streams(task)
+        stream = self._stream
+        by_device = self._by_device = ts.by_device
+        self._prev = by_device.get(stream.device)
+        by_device[stream.device] = stream
+        return stream
+
+    def __exit__(self, *exc: object) -> None:
+        dev = self._stream.device
+        if self._prev is None:
+            self._by_device.pop(dev, None)
+        else:
+            self._by_device[dev] = self._prev
+        self._by_device = self._prev = None  # type: ignore[assignment]

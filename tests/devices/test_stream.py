@@ -148,3 +148,36 @@ async def test_a_backward_lets_its_caller_run_ahead_of_the_stream(shared_lane: b
             assert len(grads) == 3
             for g in grads:
                 np.testing.assert_array_equal(g(), np.arange(10_000.0))
+
+
+async def test_use_stream_makes_a_stream_current_for_a_block() -> None:
+    async with ag.open_runtime(lanes=2) as rt:
+        dev = rt.devices["cpu"]
+        mine = ag.current_stream()
+        assert ag.current_stream("cpu") is mine and ag.current_stream(dev) is mine
+        other = dev.pool.acquire()
+        x = ag.tensor(np.arange(10_000.0))
+        with ag.use_stream(other) as s:
+            assert s is other and ag.current_stream() is other
+            y = x * 2.0  # queued on `other`
+        assert ag.current_stream() is mine
+        assert y._stream is other
+        np.testing.assert_array_equal((await y.ready()).numpy(), np.arange(10_000.0) * 2)
+        dev.pool.release(other)
+        assert dev.device_statistics().streams_in_use == 1  # only this task's own stream
+
+
+async def test_a_released_stream_counts_as_draining_until_its_work_is_done() -> None:
+    async with ag.open_runtime(lanes=1) as rt:
+        dev = rt.devices["cpu"]
+        s = dev.pool.acquire()
+        gate = threading.Event()
+        s.submit(lambda: gate.wait(TIMEOUT))
+        dev.pool.release(s)
+        st = dev.device_statistics()
+        assert st.streams_draining == 1 and st.streams_free == 0
+        assert dev.pool.acquire() is not s  # busy: not handed out again
+        gate.set()
+        with trio.fail_after(TIMEOUT):
+            await s.synchronize()
+        assert dev.device_statistics().streams_draining == 0
