@@ -271,8 +271,7 @@ class Tensor:
 
     def is_ready(self) -> builtins.bool:
         """True when the value is computed (no kernel producing it is still queued); never waits."""
-        s = self._stream
-        return self._data is not None and (s is None or s._completed >= self._seq)
+        return is_ready(self)
 
     def value_if_ready(self) -> np.ndarray | None:
         """A read-only view of the value if it is computed, else None; never waits.
@@ -280,11 +279,9 @@ class Tensor:
         Nothing queued writes to a ready value (an in-place op makes its tensor pending), so reading the
         view now is safe; kernels queued later may still read this memory, hence read-only.
         """
-        s = self._stream
-        data = self._data
-        if data is None or (s is not None and s._completed < self._seq):
+        if not is_ready(self):
             return None
-        view = data.view()
+        view = self._data.view()  # type: ignore[union-attr]  # is_ready: an array
         view.flags.writeable = False
         return view
 
