@@ -82,7 +82,6 @@ __all__ = [
     "arange",
     "current_runtime",
     "current_stream",
-    "current_stream",
     "default_generator",
     "defop",
     "empty",
