@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _tensor_methods, autograd, cuda, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)  # built on the names above
-from .autograd import BackwardError, Function, FunctionCtx, backward, checkpoint, grad, once_differentiable
+from .autograd import (
+    BackwardError,
+    ForgottenAwaitWarning,
+    Function,
+    FunctionCtx,
+    backward,
+    checkpoint,
+    grad,
+    once_differentiable,
+)
 from .devices import device
 from .ops import (
     MaxResult,
@@ -169,6 +178,7 @@ from .runtime import (
     RemovableHandle,
     Runtime,
     RuntimeStatistics,
+    SyncAccessWarning,
     Tensor,
     apply,
     arange,
@@ -226,13 +236,14 @@ bool = np.dtype("bool")
 
 __version__ = "0.1.0"
 __all__ = [
+    "OPS",
     "BackwardError",
+    "ForgottenAwaitWarning",
     "Function",
     "FunctionCtx",
     "MaxResult",
     "NoRuntimeError",
     "Node",
-    "OPS",
     "Op",
     "OpError",
     "OpNode",
@@ -240,6 +251,7 @@ __all__ = [
     "Runtime",
     "RuntimeStatistics",
     "SortResult",
+    "SyncAccessWarning",
     "Tensor",
     "TopkResult",
     "abs",

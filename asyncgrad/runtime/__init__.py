@@ -48,6 +48,7 @@ from ._runtime import (
     open_runtime,
     run,
 )
+from ._sync_access import BLOCKED_WARN_S, SyncAccessWarning, user_site
 from ._tensor import Tensor, is_ready, share_version
 from ._xp import AG, NP, register_xp, sum_to
 
@@ -64,6 +65,7 @@ def numel(t: Tensor) -> int:
 
 __all__ = [
     "AG",
+    "BLOCKED_WARN_S",
     "NP",
     "OPS",
     "AccumulateGradView",
@@ -76,6 +78,7 @@ __all__ = [
     "RemovableHandle",
     "Runtime",
     "RuntimeStatistics",
+    "SyncAccessWarning",
     "Tensor",
     "add_hook",
     "apply",
@@ -126,6 +129,7 @@ __all__ = [
     "submit_on",
     "sum_to",
     "tensor",
+    "user_site",
     "wait_for",
     "zeros",
     "zeros_like",
