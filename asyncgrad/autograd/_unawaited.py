@@ -7,7 +7,7 @@ is remembered with the user's line that created it, and forgotten once awaited. 
 `ForgottenAwaitWarning` (once per creation site) naming that line, at the first of:
 
 * the next ``backward()`` call in the same thread (the usual case: the next training step), and
-* the loop's next scheduling point after the pass was created (a callback queued with
+* the loop's next round after the creating task yields (a callback queued with
   ``run_sync_soon``; it runs once the creating task yields, and at the latest when the runtime closes,
   which yields while it waits for its tasks).
 

@@ -290,6 +290,8 @@ class Tensor:
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.numpy()
+        if type(a) is not np.ndarray:  # a 0-d result some kernels give as a numpy scalar
+            a = np.asarray(a)
         return a if dtype is None else a.astype(dtype)
 
     def __repr__(self) -> str:
