@@ -30,8 +30,9 @@ _warned: set[tuple[str, int]] = set()
 _ASYNC_FORM = {
     "item": "(await t.ready()).item()",
     "tolist": "(await t.ready()).tolist()",
-    "numpy": "await t.ready() before t.numpy()",
-    "__array__": "await t.ready() before np.asarray(t)",
+    # numpy() also waits for every kernel the task queued (they may still use the memory it shares)
+    "numpy": "await asyncgrad.current_runtime().synchronize() before t.numpy()",
+    "__array__": "await asyncgrad.current_runtime().synchronize() before np.asarray(t)",
     "__float__": "float(await t.ready())",
     "__int__": "int(await t.ready())",
     "__index__": "await t.ready() before using t as an index",
