@@ -206,8 +206,9 @@ async def open_runtime(
             increment, per lane thread). Default 0: lanes keep the loop's priority, so they keep their
             share of the CPU beside other busy processes and beside other threads of this process
             (torch's OpenMP/MKL threads). Measured with ``benchmarks/bench.py LOAD``: with one outside
-            busy process a W1 step ran at ~0.9x of plain numpy under the same load with 0 against
-            ~4.6x with 10, and a small CNN step 1.3x against 3.2x. The limit: while kernels keep every
+            busy process a W1 step ran at 0.94x of plain numpy under the same load with 0 against
+            4.6x with 10, and a small CNN step 1.16x against 4.4x (beside torch training in a thread:
+            1.18x against 5.0x, and 0.48x against 2.6x). The limit: while kernels keep every
             core busy, a waking loop waits for its turn (W5's 1 ms heartbeat: a few ms at p99 on 2
             cores, against < 1 ms with 10 on an otherwise idle machine). Pass 10 for a service whose
             latency matters more than its training's throughput, on a machine it has to itself.
