@@ -65,7 +65,7 @@ class NumpyCNN:
         gWc = np.tensordot(gf, self.win, axes=([0, 2, 3], [0, 1, 2]))[:, None]
         gbc = gf.sum((0, 2, 3))
         for p, gp in zip(self.P, [gWc, gbc, gWl, gbl]):
-            p -= LR * gp
+            p -= np.float32(LR) * gp
 
 
 class AgCNN:
@@ -87,7 +87,7 @@ class AgCNN:
         await loss.backward()
         with ag.no_grad():
             for p in self.P:
-                p -= LR * p.grad
+                p -= LR * p.grad  # type: ignore[operator]
                 p.grad = None
 
     async def sync(self) -> None:
@@ -198,11 +198,12 @@ def run(quick: bool = False, loads: tuple[str, ...] = ("none", "busy process", "
             except ImportError:
                 say("  torch not importable: the torch-thread load is skipped")
                 continue
-        ctx = {"none": NoLoad, "busy process": BusyProcess, "torch thread": TorchThread}[load]()
+        loaders: dict[str, Any] = {"none": NoLoad, "busy process": BusyProcess, "torch thread": TorchThread}
+        ctx = loaders[load]()
         with ctx:
             for kind in ("W1", "CNN"):
                 n = steps[kind]
-                contenders = {
+                contenders: dict[str, Any] = {
                     "numpy": lambda k=kind, n=n: numpy_time(k, n),
                     "asyncgrad (default)": lambda k=kind, n=n: ag_time(k, n),
                     "asyncgrad lane_nice=10": lambda k=kind, n=n: ag_time(k, n, lane_nice=10),

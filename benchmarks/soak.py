@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ def rss_kib(pid: int | str = "self") -> int:
     return -1
 
 
-def slope(xs: list[float], ys: list[float]) -> float:
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Least-squares slope of ys over xs (second half only: after warm-up and caches fill)."""
     h = len(xs) // 2
     x, y = np.array(xs[h:], float), np.array(ys[h:], float)
@@ -125,10 +126,12 @@ def soak_passes(n: int) -> dict[str, Any]:
             await rt.synchronize()
             elapsed = time.perf_counter() - t0
             total = n * (n + 1) // 2
-            exact = (np.array_equal(w.grad.numpy(), x * total) and np.array_equal(b.grad.numpy(), np.full(16, total))
-                     and np.array_equal(w2.grad.numpy(), np.full((64, 64), float(total))))
+            gw, gb, gw2 = w.grad, b.grad, w2.grad
+            assert gw is not None and gb is not None and gw2 is not None
+            exact = (np.array_equal(gw.numpy(), x * total) and np.array_equal(gb.numpy(), np.full(16, total))
+                     and np.array_equal(gw2.numpy(), np.full((64, 64), float(total))))
             return {"passes": n, "seconds": elapsed, "exact": bool(exact), "expected_sum": total,
-                    "b_grad": float(b.grad.numpy()[0]), "threads_during": len(rt.threads())}
+                    "b_grad": float(gb.numpy()[0]), "threads_during": len(rt.threads())}
 
     r = trio.run(main)
     print(f"passes: {n} concurrent backward passes in {r['seconds']:.2f} s into shared leaves: "

@@ -12,6 +12,13 @@ import trio
 import asyncgrad as ag
 from asyncgrad.runtime import is_ready
 
+
+def grad_of(t: ag.Tensor) -> ag.Tensor:
+    g = t.grad
+    assert g is not None, "no gradient"
+    return g
+
+
 BIG = (1024, 512)  # 2 MiB of float32: above the lane threshold (1 MiB)
 
 
@@ -50,7 +57,7 @@ async def test_big_factories_values(rt) -> None:
         # a leaf filled on a lane trains like any other
         await (o * f).sum().backward()
         await rt.synchronize()
-        np.testing.assert_allclose(o.grad.numpy(), np.full(BIG, 2.5, np.float32))
+        np.testing.assert_allclose(grad_of(o).numpy(), np.full(BIG, 2.5, np.float32))
 
 
 async def test_tensor_of_a_big_array_copies_on_a_lane(rt) -> None:
@@ -99,5 +106,5 @@ async def test_concurrent_backward_passes_into_shared_leaves_sum_exactly(rt) -> 
             for k in range(1, n + 1):
                 nursery.start_soon(one, k)
         total = n * (n + 1) // 2  # integers times exactly representable values: exact in float64
-        np.testing.assert_array_equal((await w.grad.ready()).numpy(), x * total)
-        np.testing.assert_array_equal((await b.grad.ready()).numpy(), np.full(8, float(total)))
+        np.testing.assert_array_equal((await grad_of(w).ready()).numpy(), x * total)
+        np.testing.assert_array_equal((await grad_of(b).ready()).numpy(), np.full(8, float(total)))
