@@ -206,14 +206,15 @@ async def open_runtime(
             increment, per lane thread). Default 0: lanes keep the loop's priority, so they keep their
             share of the CPU beside other busy processes and beside other threads of this process
             (torch's OpenMP/MKL threads). Measured with ``benchmarks/bench.py LOAD``: with one outside
-            busy process a W1 step ran at 0.94x of plain numpy under the same load with 0 against
-            4.6x with 10, and a small CNN step 1.16x against 4.4x (beside torch training in a thread:
-            1.18x against 5.0x, and 0.48x against 2.6x). The limit: while kernels keep every
-            core busy, a waking loop waits for its turn (W5's 1 ms heartbeat: a few ms at p99 on 2
-            cores, against < 1 ms with 10 on an otherwise idle machine). Pass 10 for a service whose
-            latency matters more than its training's throughput, on a machine it has to itself.
-            Applied only with one BLAS thread per lane (the default when lanes == cores): a
-            multi-threaded BLAS's own pool threads keep normal priority and would starve the lane.
+            busy process a W1 step ran at 0.94-1.00x of plain numpy under the same load with 0
+            against 2.8-4.6x with 10, a small CNN step 0.80-1.16x against 3.6-4.4x; beside torch
+            training in a thread W1 1.18-1.77x against 5.0-5.5x, the CNN 0.48-0.94x against 2.6-4.4x.
+            The limit: while kernels keep every core busy, a waking loop waits for its turn (W5's 1 ms
+            heartbeat: p99 of several ms; under 1 ms with 10 on an otherwise idle machine). Pass 10
+            for a service whose latency matters more than its training's throughput, on a machine it
+            has to itself. Applied only with one BLAS thread per lane (the default when lanes ==
+            cores): a multi-threaded BLAS's own pool threads keep normal priority and would starve
+            the lane.
 
     Leaving the block waits for queued kernels, stops and joins every worker thread.
     """
