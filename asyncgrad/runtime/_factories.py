@@ -83,9 +83,11 @@ def _shape(size: Any) -> tuple[int, ...]:
 
 def tensor(data: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of ``data`` (Python floats become the default dtype, float32)."""
-    if isinstance(data, Tensor):
+    from_user = not isinstance(data, Tensor)
+    if not from_user:
         data = data.numpy()
-    if type(data) is np.ndarray and data.dtype.kind != "O":
+    # a user's array only: a tensor's own array is written by kernels, which must not find it read-only
+    if from_user and type(data) is np.ndarray and data.dtype.kind != "O":
         dt = data.dtype if dtype is None else np.dtype(dtype)
         if big(data.shape, dt):  # the copy runs on a lane (see `_lane_factories`)
             return copy_on_lane(data, dt, device, requires_grad)
