@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _tensor_methods, autograd, cuda, distributed, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)
-from .autograd import BackwardError, Function, FunctionCtx, backward, checkpoint, grad, once_differentiable
+from .autograd import (
+    BackwardError,
+    ForgottenAwaitWarning,
+    Function,
+    FunctionCtx,
+    backward,
+    checkpoint,
+    grad,
+    once_differentiable,
+)
 from .devices import device
 from .ops import *  # noqa: F403  (every op: ag.add, ag.conv2d, ...)
 from .runtime import *  # noqa: F403  (Tensor, the factories, grad modes, Runtime, ...)
@@ -40,6 +49,7 @@ __version__ = "0.1.0"
 __all__ = [
     *ops.__all__,
     *runtime.__all__,
+    "ForgottenAwaitWarning",
     "BackwardError",
     "Function",
     "FunctionCtx",

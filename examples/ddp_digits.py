@@ -75,7 +75,7 @@ async def train(model: nn.Module, xs: np.ndarray, ys: np.ndarray, epochs: int, p
             loss = F.cross_entropy(model(ag.from_numpy(channels_last(xs[idx]))), ag.tensor(ys[idx]))
             await loss.backward()
             opt.step()
-    return float(loss.item()) if loss is not None else float("nan")
+    return (await loss.ready()).item() if loss is not None else float("nan")
 
 
 def accuracy(model: nn.Module, xs: np.ndarray, ys: np.ndarray) -> float:

@@ -198,7 +198,7 @@ class Service:
             # at once, and then the awaits above return without a trio checkpoint, so without this the
             # trainer would hold the loop (and ignore cancellation) for as long as it has data.
             await trio.lowlevel.checkpoint()
-            self.losses.append(loss.item())
+            self.losses.append((await loss.ready()).item())  # the async form: never blocks the loop
             self.steps += 1
             idle += 1
             if self.steps % self.publish_every == 0 or idle >= self.idle_steps:

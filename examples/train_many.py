@@ -239,8 +239,7 @@ async def train_one(
             opt.zero_grad()
             losses.append(loss.detach())
             bars.update(i)
-        await losses[-1].ready()  # read the epoch's losses once, without blocking the loop
-        vals = [t.item() for t in losses]
+        vals = [(await t.ready()).item() for t in losses]  # the async form: the loop keeps serving
         res.step_losses += vals
         res.epoch_losses.append(float(np.mean(vals)))
         bars.epoch(i, epoch + 1, res.epoch_losses[-1])

@@ -9,6 +9,7 @@ A backward pass, in the order its files run::
                        or a Function's backward
       _hooks.py        tensor hooks, node pre/post hooks around each node
       _trampoline.py   an ``async def`` backward that awaits another pass: nested on the task's trampoline
+    _unawaited.py    a pass never awaited: reported at the next backward() or scheduling point
     _leaf_owner.py   the pass succeeded: each leaf's owner actor runs its hooks and commits (all or none)
       _accumulate.py   fold a gradient into .grad under the layout contract (steal or copy)
 
@@ -23,9 +24,11 @@ from ._function import Function, FunctionCtx, once_differentiable
 from ._gradcheck import GradcheckError, gradcheck, gradgradcheck
 from ._leaf_owner import queue_callback
 from ._run_node import BackwardError
+from ._unawaited import ForgottenAwaitWarning
 
 __all__ = [
     "BackwardError",
+    "ForgottenAwaitWarning",
     "Function",
     "FunctionCtx",
     "GradcheckError",

@@ -21,6 +21,7 @@ import trio
 from ..runtime._factories import zeros_like
 from ..runtime._runtime import Runtime, _task_streams, _TaskStreams, current_runtime, current_stream
 from ..runtime._tensor import Tensor
+from . import _unawaited
 from ._engine import GraphTask
 from ._leaf_owner import prepare_and_commit, run_queued, take_queued
 from ._run_node import in_plain_backward
@@ -124,6 +125,7 @@ class Pass(GraphTask):
         coro = self.coro
         if coro is None:
             raise RuntimeError("a backward pass can be awaited only once")
+        _unawaited.awaited(self)
         if current_graph_task.get() is None:
             self.coro = None
             return _top_level(self, coro).__await__()
@@ -251,8 +253,10 @@ def backward(
                 t.retain_grad()
         targets = set(keys)
     retain = create_graph if retain_graph is None else retain_graph
-    return Pass(rt, outputs, grads, retain_graph=retain, create_graph=create_graph, targets=targets,
-                finish=_finish_backward)
+    p = Pass(rt, outputs, grads, retain_graph=retain, create_graph=create_graph, targets=targets,
+             finish=_finish_backward)
+    _unawaited.created(p, "loss.backward()")
+    return p
 
 
 async def _finish_backward(task: GraphTask) -> None:

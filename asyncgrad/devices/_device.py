@@ -23,7 +23,7 @@ from ._stream import Lane, Stream
 INLINE_MAX_ELEMENTS = 4096
 
 # Lanes run this much "nicer" than the event loop (see `open_runtime`'s ``lane_nice``).
-DEFAULT_LANE_NICE = 10
+DEFAULT_LANE_NICE = 0
 
 # Free host buffers a CPU device keeps for reuse (see `_hostmem`); live arrays are not counted.
 DEFAULT_HOST_CACHE_BYTES = 256 << 20

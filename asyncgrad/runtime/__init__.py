@@ -54,6 +54,9 @@ from ._runtime import (
     run,
     use_stream,
 )
+from ._sync_access import BLOCKED_WARN_S as BLOCKED_WARN_S
+from ._sync_access import SyncAccessWarning
+from ._sync_access import user_site as user_site
 from ._tensor import Tensor
 
 
@@ -77,6 +80,7 @@ __all__ = [
     "RemovableHandle",
     "Runtime",
     "RuntimeStatistics",
+    "SyncAccessWarning",
     "Tensor",
     "apply",
     "arange",

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import _promote
+from ._lane_factories import big, child_generator, copy_on_lane, on_lane
 from ._runtime import current_runtime
 from ._tensor import Tensor
 
@@ -82,8 +83,14 @@ def _shape(size: Any) -> tuple[int, ...]:
 
 def tensor(data: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of ``data`` (Python floats become the default dtype, float32)."""
-    if isinstance(data, Tensor):
+    from_user = not isinstance(data, Tensor)
+    if not from_user:
         data = data.numpy()
+    # a user's array only: a tensor's own array is written by kernels, which must not find it read-only
+    if from_user and type(data) is np.ndarray and data.dtype.kind != "O":
+        dt = data.dtype if dtype is None else np.dtype(dtype)
+        if big(data.shape, dt):  # the copy runs on a lane (see `_lane_factories`)
+            return copy_on_lane(data, dt, device, requires_grad)
     if dtype is None:
         arr = np.array(data, copy=True)
         # numpy and PyTorch infer the same bool and integer dtypes; floats differ (a Python float is
@@ -159,6 +166,9 @@ def zeros(*size: Any, dtype: Any = None, device: Any = "cpu", requires_grad: boo
 
 def ones(*size: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False) -> Tensor:
     """A tensor of ones."""
+    shape, dt = _shape(size), _dt(dtype)
+    if big(shape, dt):
+        return on_lane(lambda: np.ones(shape, dt), shape, dt, device, requires_grad, "asyncgrad.ones")
     return _finish(np.ones(_shape(size), _dt(dtype)), device, requires_grad, "asyncgrad.ones")
 
 
@@ -177,7 +187,10 @@ def full(
             dtype = _promote.result_type(fill_value)
         else:
             dtype = np.asarray(fill_value).dtype
-    return _finish(np.full(_shape((size,)), fill_value, np.dtype(dtype)), device, requires_grad, "asyncgrad.full")
+    shape, dt = _shape((size,)), np.dtype(dtype)
+    if big(shape, dt):
+        return on_lane(lambda: np.full(shape, fill_value, dt), shape, dt, device, requires_grad, "asyncgrad.full")
+    return _finish(np.full(shape, fill_value, dt), device, requires_grad, "asyncgrad.full")
 
 
 def arange(
@@ -201,7 +214,12 @@ def randn(
 ) -> Tensor:
     """Standard normal samples."""
     g = generator or default_generator()
-    arr = g.standard_normal(_shape(size), dtype=np.float64).astype(_dt(dtype), copy=False)
+    shape, dt = _shape(size), _dt(dtype)
+    if big(shape, dt):
+        c = child_generator(g)
+        return on_lane(lambda: c.standard_normal(shape, dtype=np.float64), shape, dt, device, requires_grad,
+                       "asyncgrad.randn")
+    arr = g.standard_normal(shape, dtype=np.float64).astype(dt, copy=False)
     return _finish(arr, device, requires_grad, "asyncgrad.randn")
 
 
@@ -211,7 +229,11 @@ def rand(
 ) -> Tensor:
     """Uniform samples in [0, 1)."""
     g = generator or default_generator()
-    arr = g.random(_shape(size)).astype(_dt(dtype), copy=False)
+    shape, dt = _shape(size), _dt(dtype)
+    if big(shape, dt):
+        c = child_generator(g)
+        return on_lane(lambda: c.random(shape), shape, dt, device, requires_grad, "asyncgrad.rand")
+    arr = g.random(shape).astype(dt, copy=False)
     return _finish(arr, device, requires_grad, "asyncgrad.rand")
 
 
@@ -254,6 +276,12 @@ def randn_like(
 ) -> Tensor:
     """Standard normal samples with ``t``'s shape, dtype and device."""
     g = generator or default_generator()
+    dt = t.dtype if dtype is None else np.dtype(dtype)
+    if big(t.shape, dt):
+        c = child_generator(g)
+        shape = t.shape
+        return on_lane(lambda: c.standard_normal(shape, dtype=np.float64), shape, dt, _like_dev(t, device),
+                       requires_grad, "asyncgrad.randn_like")
     arr = g.standard_normal(t.shape, dtype=np.float64).astype(t.dtype if dtype is None else np.dtype(dtype))
     out = Tensor._wrap(arr, _like_dev(t, device))
     return out.requires_grad_(True) if requires_grad else out
@@ -265,6 +293,12 @@ def rand_like(
 ) -> Tensor:
     """Uniform samples in [0, 1) with ``t``'s shape, dtype and device."""
     g = generator or default_generator()
+    dt = t.dtype if dtype is None else np.dtype(dtype)
+    if big(t.shape, dt):
+        c = child_generator(g)
+        shape = t.shape
+        return on_lane(lambda: c.random(shape), shape, dt, _like_dev(t, device), requires_grad,
+                       "asyncgrad.rand_like")
     arr = g.random(t.shape).astype(t.dtype if dtype is None else np.dtype(dtype))
     out = Tensor._wrap(arr, _like_dev(t, device))
     return out.requires_grad_(True) if requires_grad else out
@@ -290,7 +324,11 @@ def normal(
 ) -> Tensor:
     """Normal samples with the given mean and standard deviation."""
     g = generator or default_generator()
-    arr = g.normal(mean, std, _shape((size,))).astype(_dt(dtype))
+    shape, dt = _shape((size,)), _dt(dtype)
+    if big(shape, dt):
+        c = child_generator(g)
+        return on_lane(lambda: c.normal(mean, std, shape), shape, dt, device, requires_grad, "asyncgrad.normal")
+    arr = g.normal(mean, std, shape).astype(dt)
     return _finish(arr, device, requires_grad, "asyncgrad.normal")
 
 

@@ -203,12 +203,18 @@ async def open_runtime(
             A training alone in the process (one stream in use, all runtimes together) runs with every
             lane's: ``lanes * blas_threads``, at most the cores (with a pthreads OpenBLAS).
         lane_nice: How much lower than the event loop's the lanes' scheduling priority is (Linux nice
-            increment, per lane thread; 0 keeps them equal). When kernels keep every core busy, a
-            waking event loop then gets a core at once instead of waiting its turn: with the default
-            the loop's 1 ms heartbeat stayed under 1 ms at p99 on 2 cores busy with kernels, against
-            ~7 ms at 0. Lanes also yield to other busy processes, so lower it where they compete.
-            Applied only with one BLAS thread per lane (the default when lanes == cores): a
-            multi-threaded BLAS's own pool threads keep normal priority and would starve the lane.
+            increment, per lane thread). Default 0: lanes keep the loop's priority, so they keep their
+            share of the CPU beside other busy processes and beside other threads of this process
+            (torch's OpenMP/MKL threads). Measured with ``benchmarks/bench.py LOAD``: with one outside
+            busy process a W1 step ran at 0.94-1.00x of plain numpy under the same load with 0
+            against 2.8-4.6x with 10, a small CNN step 0.80-1.16x against 3.6-4.4x; beside torch
+            training in a thread W1 1.18-1.77x against 5.0-5.5x, the CNN 0.48-0.94x against 2.6-4.4x.
+            The limit: while kernels keep every core busy, a waking loop waits for its turn (W5's 1 ms
+            heartbeat: p99 of several ms; under 1 ms with 10 on an otherwise idle machine). Pass 10
+            for a service whose latency matters more than its training's throughput, on a machine it
+            has to itself. Applied only with one BLAS thread per lane (the default when lanes ==
+            cores): a multi-threaded BLAS's own pool threads keep normal priority and would starve
+            the lane.
 
     Leaving the block waits for queued kernels, stops and joins every worker thread.
     """

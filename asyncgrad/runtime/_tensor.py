@@ -13,6 +13,7 @@ import trio
 
 from ..devices import Device, Stream
 from ._runtime import _task_streams, current_runtime
+from ._sync_access import blocking_wait
 
 _INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
 
@@ -229,7 +230,8 @@ class Tensor:
     def _value(self) -> np.ndarray:
         s = self._stream
         if s is not None and s.completed < self._seq:
-            s.synchronize_blocking(self._seq)
+            seq = self._seq
+            blocking_wait(lambda: s.synchronize_blocking(seq))
         elif s is not None:
             s.check_error()
         data = self._data
@@ -254,7 +256,7 @@ class Tensor:
         if ts is not None:
             s = ts.by_device.get(self._dev)
             if s is not None and s.completed < s.submitted:
-                s.synchronize_blocking()
+                blocking_wait(s.synchronize_blocking)
         return data
 
     def item(self) -> Any:
@@ -286,7 +288,13 @@ class Tensor:
         return view
 
     async def ready(self) -> Tensor:
-        """Wait, without blocking the event loop, until this tensor's value is computed."""
+        """Wait, without blocking the event loop, until this tensor's value is computed; returns the tensor.
+
+        The async way to read a value, as PyTorch code reads it: ``(await loss.ready()).item()``,
+        ``float(await loss.ready())``, ``(await t.ready()).tolist()``. The sync accessors wait on the
+        calling thread, which on the event loop stalls every other task; when they do for more than a
+        few ms they warn (`SyncAccessWarning`, once per call site).
+        """
         s = self._stream
         if s is not None and s.completed < self._seq:
             await s.synchronize(self._seq)
@@ -298,6 +306,8 @@ class Tensor:
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.numpy()
+        if type(a) is not np.ndarray:  # a 0-d result some kernels give as a numpy scalar
+            a = np.asarray(a)
         return a if dtype is None else a.astype(dtype)
 
     def __repr__(self) -> str:
