@@ -45,6 +45,8 @@ from ._peer import (
     target_of,
     this_node,
 )
+from . import _dist_autograd
+from ._dist_autograd import wants_grad
 from ._rref import RRef
 from ._streams import RPCStatistics
 from ._wire import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_META_BYTES
@@ -174,6 +176,8 @@ class Worker:
         the caller cancels the remote task; ``timeout`` (seconds) does too, raising `TimeoutError`.
         """
         target = target_of(fn)
+        if wants_grad(args, kwargs):  # recorded as a node of the caller's graph (distributed autograd)
+            return await _dist_autograd.call(self, target, args, kwargs, timeout)
         t = self._timeout(timeout)
         peer = self._live_peer()
         out = peer.prepare(CALL, [target], args, kwargs, f"the call of {target}")
