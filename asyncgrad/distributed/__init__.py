@@ -31,3 +31,9 @@ __all__ = [
     "statistics",
 ]
 # ---- end of the RPC block (other parts of the package add their names below: `__all__ += [...]`) -----
+
+# ---- distributed autograd and the distributed optimizer (issue 19) ------------------------------------
+from . import autograd, optim  # noqa: E402
+from ._dist_optim import DistributedOptimizer  # noqa: E402
+
+__all__ += ["DistributedOptimizer", "autograd", "optim"]

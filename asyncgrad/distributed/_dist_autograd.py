@@ -233,6 +233,8 @@ class _Forward:
     outs: list[ag.Tensor]
     ins: list[ag.Tensor]
     leaves: list[ag.Tensor]
+    n_flat: int  # the call's tensor arguments: one gradient (or None) is returned per each
+    in_pos: list[int]  # where each of ``ins`` is among them
     stages: dict[int, list[list[Any]]] = attrs.field(factory=dict)
 
 
@@ -252,10 +254,12 @@ async def _forward(kind: str, target: str, obj: Any, spec: list[Any], *flat: Any
     diff = [isinstance(o, ag.Tensor) and o.requires_grad for o in outs]
     if not any(diff):
         return [0, result, None]
-    ins = [t for t in flat if isinstance(t, ag.Tensor) and t.requires_grad]
+    tensors = [t for t in flat if isinstance(t, ag.Tensor)]
+    in_pos = [i for i, t in enumerate(tensors) if t.requires_grad]
+    ins = [tensors[i] for i in in_pos]
     outs_d = [o for o, d in zip(outs, diff) if d]
     fid = next(_fids)
-    _FORWARDS[fid] = _Forward(outs_d, ins, _leaves_of(outs_d, ins))
+    _FORWARDS[fid] = _Forward(outs_d, ins, _leaves_of(outs_d, ins), len(tensors), in_pos)
     sent = [o.detach() if d else o for o, d in zip(outs, diff)]
     if single:
         return [fid, sent[0], -1]
@@ -299,8 +303,9 @@ async def _backward(fid: int, grads: list[Any], stage: int) -> list[Any]:
         )
     pairs = [(o, g) for o, g in zip(rec.outs, grads) if g is not None]
     targets = rec.ins + rec.leaves
+    result: list[Any] = [None] * rec.n_flat
     if not pairs or not targets:
-        return [None] * len(rec.ins)
+        return result
     # always retained here: the caller's node says when the graph may go (`_free`), as it alone knows
     # about retain_graph
     gs = await ag.grad(
@@ -310,7 +315,9 @@ async def _backward(fid: int, grads: list[Any], stage: int) -> list[Any]:
     staged = [[p, g] for p, g in zip(rec.leaves, gs[n:]) if g is not None]
     if staged:
         rec.stages[stage] = staged
-    return list(gs[:n])
+    for i, g in zip(rec.in_pos, gs[:n]):
+        result[i] = g
+    return result
 
 
 def _commit(fid: int, stage: int) -> None:

@@ -24,8 +24,9 @@ from typing import Any
 import trio
 
 from ..runtime import get_default_dtype, is_grad_enabled
-from . import _shm
+from . import _dist_autograd, _shm
 from ._connection import Connection, ConnectionClosed, Listener
+from ._dist_autograd import wants_grad
 from ._errors import ProtocolError, WorkerDied, WorkersClosed
 from ._future import Future
 from ._peer import (
@@ -45,8 +46,6 @@ from ._peer import (
     target_of,
     this_node,
 )
-from . import _dist_autograd
-from ._dist_autograd import wants_grad
 from ._rref import RRef
 from ._streams import RPCStatistics
 from ._wire import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_META_BYTES
