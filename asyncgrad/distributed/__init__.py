@@ -33,7 +33,7 @@ __all__ = [
 # ---- end of the RPC block (other parts of the package add their names below: `__all__ += [...]`) -----
 
 # ---- distributed autograd and the distributed optimizer (issue 19) ------------------------------------
-from . import autograd, optim  # noqa: E402
-from ._dist_optim import DistributedOptimizer  # noqa: E402
+from . import autograd, optim
+from ._dist_optim import DistributedOptimizer
 
 __all__ += ["DistributedOptimizer", "autograd", "optim"]
