@@ -31,6 +31,7 @@ WORKLOADS = {
     "W4": "w4_reentrant_chain",
     "W5": "w5_loop_stall",
     "W6": "w6_rpc",
+    "W8": "w8_dist_autograd",
 }
 
 
