@@ -193,8 +193,9 @@ def _free_port() -> int:
 
 def torch_child(steps: int) -> dict[str, Any]:
     port = _free_port()
+    kwargs = {"rank": 1, "port": port, "steps": steps}
     other = subprocess.Popen(
-        [sys.executable, CHILD, "w8_dist_autograd", "torch_rank", json.dumps({"rank": 1, "port": port, "steps": steps})],
+        [sys.executable, CHILD, "w8_dist_autograd", "torch_rank", json.dumps(kwargs)],
         stdout=subprocess.DEVNULL,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
