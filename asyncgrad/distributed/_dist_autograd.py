@@ -339,3 +339,8 @@ def _free(fid: int) -> None:
 def forwards_alive() -> int:
     """How many remote forwards this process keeps graphs of (for tests)."""
     return len(_FORWARDS)
+
+
+def stages_pending() -> int:
+    """How many staged (prepared, not committed) gradient sets this process holds (for tests)."""
+    return sum(len(rec.stages) for rec in _FORWARDS.values())

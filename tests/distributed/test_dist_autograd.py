@@ -119,16 +119,21 @@ async def test_atomic_failure_cancel_and_death(rt) -> None:
             before = await snapshot()
 
             # 1. a remote backward that raises (on c, after a and b have staged theirs)
+            # c's node is created first, so it runs last: a and b have staged theirs by then
+            bad = await c.call(F.f_boom, x)
             h = await lb.call("forward", await la.call("forward", x))
-            bad = await c.call(F.f_boom, h)
             loss = (bad @ wl).sum() + (h * h).sum()
             with pytest.raises(ValueError, match="boom in the remote backward"):
                 await loss.backward()
+            # a and b had staged theirs (prepared), and the pass committed none of it
+            assert await a.call(dist.autograd.stages_pending) >= 1
+            assert await b.call(dist.autograd.stages_pending) >= 1
             assert await snapshot() == before
 
             # 2. cancelled half-way (c's backward sleeps)
+            # c's node is created first, so it runs last: a and b have staged theirs by then
+            slow = await c.call(F.f_slow, x)
             h = await lb.call("forward", await la.call("forward", x))
-            slow = await c.call(F.f_slow, h)
             loss = (slow @ wl).sum() + (h * h).sum()
             with trio.move_on_after(30) as scope:
                 async with trio.open_nursery() as n:
@@ -137,6 +142,9 @@ async def test_atomic_failure_cancel_and_death(rt) -> None:
                         await trio.sleep(0.05)
                     n.cancel_scope.cancel()
             assert not scope.cancelled_caught
+            # a and b had staged theirs (prepared), and the pass committed none of it
+            assert await a.call(dist.autograd.stages_pending) >= 1
+            assert await b.call(dist.autograd.stages_pending) >= 1
             assert await snapshot() == before
 
             # still usable: a good pass commits everywhere
@@ -146,11 +154,15 @@ async def test_atomic_failure_cancel_and_death(rt) -> None:
             before = await snapshot()
 
             # 3. a worker dying mid-backward fails the pass with WorkerDied, nothing committed anywhere
+            # c's node is created first, so it runs last: a and b have staged theirs by then
+            d = await c.call(F.f_die, x)
             h = await lb.call("forward", await la.call("forward", x))
-            d = await c.call(F.f_die, h)
             loss = (d @ wl).sum() + (h * h).sum()
             with pytest.raises(dist.WorkerDied):
                 await loss.backward()
+            # a and b had staged theirs (prepared), and the pass committed none of it
+            assert await a.call(dist.autograd.stages_pending) >= 1
+            assert await b.call(dist.autograd.stages_pending) >= 1
             assert await snapshot() == before
 
 
