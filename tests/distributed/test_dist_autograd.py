@@ -11,7 +11,7 @@ import asyncgrad as ag
 from asyncgrad import distributed as dist
 
 from . import _dag_fns as F
-from .conftest import TIMEOUT, children
+from .conftest import TIMEOUT, children, fds, threads
 
 TOL = 1e-10
 
@@ -34,7 +34,7 @@ def _snap(gs: list[ag.Tensor | None]) -> list[bytes | None]:
 
 
 async def test_chain_fanout_repeat_and_rref_params(rt) -> None:
-    before = children()
+    before, files, ths = children(), fds(), threads()
     with trio.fail_after(TIMEOUT):
         async with dist.open_workers(2) as ws:
             a, b = ws[0], ws[1]
@@ -100,6 +100,7 @@ async def test_chain_fanout_repeat_and_rref_params(rt) -> None:
             await trio.sleep(0.2)
             assert await a.call(dist.autograd.forwards_alive) <= 1  # (x4's graph may still be referenced)
     assert children() <= before
+    assert fds() <= files and threads() <= ths
 
 
 async def test_atomic_failure_cancel_and_death(rt) -> None:
