@@ -3,7 +3,7 @@
 (numpy by hand = the floor; PyTorch CPU when importable; HIPS autograd and mygrad when installed) side by
 side in one invocation, and prints absolute figures, ratios measured in the same run, and the BLAS kernel.
 
-    python3 benchmarks/bench.py                 # all workloads (W1..W7, LOAD)
+    python3 benchmarks/bench.py                 # all workloads (W1..W8, LOAD)
     python3 benchmarks/bench.py W1 W2 --quick   # some, with fewer repeats
     python3 benchmarks/bench.py --json out.json
 
@@ -32,13 +32,14 @@ WORKLOADS = {
     "W5": "w5_loop_stall",
     "W6": "w6_rpc",
     "W7": "w7_ddp",
+    "W8": "w8_dist_autograd",
     "LOAD": "load_steps",
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workloads", nargs="*", metavar="W", help="workloads to run: W1..W7, LOAD (default: all)")
+    ap.add_argument("workloads", nargs="*", metavar="W", help="workloads to run: W1..W8, LOAD (default: all)")
     ap.add_argument("--quick", action="store_true", help="fewer repeats and smaller sizes (~2 min for all)")
     ap.add_argument("--json", metavar="PATH", help="also write every figure to this JSON file")
     ap.add_argument("--compare-with", metavar="DIR", help="W1/W2 only: asyncgrad of this checkout against "

@@ -11,6 +11,9 @@ This package never imports asyncgrad.nn.
 
 
 # ---- RPC: worker processes, calls, stream-aware futures, RRefs (issue 16) ---------------------------
+# distributed autograd and the distributed optimizer (issue 19)
+from . import autograd, optim
+from ._dist_optim import DistributedOptimizer
 from ._errors import AuthenticationError, RemoteError, WorkerDied, WorkersClosed
 from ._future import Future
 from ._peer import current_call, statistics
@@ -97,3 +100,7 @@ __all__ += [
     "reduce_scatter_nowait",
     # ---- end of the process-group block ----
 ]
+
+# ---- distributed autograd and the distributed optimizer (issue 19) ------------------------------------
+
+__all__ += ["DistributedOptimizer", "autograd", "optim"]

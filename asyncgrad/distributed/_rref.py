@@ -7,6 +7,8 @@ from typing import Any
 
 import trio
 
+from . import _dist_autograd
+from ._dist_autograd import wants_grad
 from ._future import Future
 from ._peer import DELETE, FETCH, RCALL, UNSET, Peer
 from ._wire import RRefMarker
@@ -44,6 +46,8 @@ class RRef:
 
     async def call(self, method: str, *args: Any, timeout: Any = UNSET, **kwargs: Any) -> Any:
         """Call ``method`` of the object on its worker; returns the (copied back) result."""
+        if wants_grad(args, kwargs, any_tensor=True):  # recorded in the caller's graph (distributed autograd)
+            return await _dist_autograd.rref_call(self, method, args, kwargs, timeout)
         peer = self._worker._live_peer()
         out = peer.prepare(RCALL, [self._id, method], args, kwargs, f"{self.type_name}.{method}()")
         return await peer.roundtrip(out, self._worker._timeout(timeout))

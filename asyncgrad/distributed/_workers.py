@@ -24,8 +24,9 @@ from typing import Any
 import trio
 
 from ..runtime import get_default_dtype, is_grad_enabled
-from . import _shm
+from . import _dist_autograd, _shm
 from ._connection import Connection, ConnectionClosed, Listener
+from ._dist_autograd import wants_grad
 from ._errors import ProtocolError, WorkerDied, WorkersClosed
 from ._future import Future
 from ._peer import (
@@ -174,6 +175,8 @@ class Worker:
         the caller cancels the remote task; ``timeout`` (seconds) does too, raising `TimeoutError`.
         """
         target = target_of(fn)
+        if wants_grad(args, kwargs):  # recorded as a node of the caller's graph (distributed autograd)
+            return await _dist_autograd.call(self, target, args, kwargs, timeout)
         t = self._timeout(timeout)
         peer = self._live_peer()
         out = peer.prepare(CALL, [target], args, kwargs, f"the call of {target}")

@@ -1,0 +1,346 @@
+"""Distributed autograd: a remote call is one async node of the caller's graph (issue 19).
+
+A call whose tensor arguments require grad (`Worker.call`), or a method call on an `RRef` that carries
+a tensor while grad mode is on, runs on the worker under `enable_grad`; the worker keeps the graph it
+built (keyed by a forward id) and returns its outputs detached. The caller records one `_RemoteCall`
+node whose ``backward`` is ``async def``: it sends the incoming gradients to the worker, which runs
+``grad()`` through its part of the graph (a graph task of the worker's runtime) and returns the input
+gradients. So ``await loss.backward()`` stays a plain await and chains, fan-out and repeated calls are
+just more nodes.
+
+Atomicity (prepare, then commit): the worker never writes `.grad` during the backward; the gradients of
+its leaves that are not inputs of the call (the parameters of the object behind an RRef, say) are
+STAGED under a stage id. Each remote node has a hidden local leaf (its *token*); the node's backward
+gives the token a gradient equal to the stage id, so the token is committed by the local engine
+exactly when the whole pass succeeds (all or none, with every other leaf). The token's
+post-accumulate hook then sends the commit to the worker; a pass that fails, is cancelled, or loses a
+worker commits no token, so every worker's `.grad` stays as it was (the staged entries are dropped when
+the forward's graph is freed). Commits travel on the same connection ahead of any later call, so
+``await opt.step()`` after ``await loss.backward()`` sees them.
+
+Limits: workers do not call each other in this RPC layer, so a chain across workers goes through the
+caller (``h = await a.call(f, x); y = await b.call(g, h)``); ``create_graph=True`` through a remote
+node raises a clear error.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import weakref
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+
+from .. import autograd, runtime
+from ._peer import CALL, this_node
+
+# `_workers.Worker` and `_rref.RRef` call into this module, so it names their types without importing them
+Worker = Any
+RRef = Any
+
+
+_THIS = "asyncgrad.distributed._dist_autograd"
+
+
+# ---- the caller side ------------------------------------------------------------------------------
+
+
+def wants_grad(args: tuple[Any, ...], kwargs: dict[str, Any], *, any_tensor: bool = False) -> bool:
+    """Whether a call must be recorded: grad mode on and a tensor argument that requires grad (or, for
+    a method of a remote object, whose parameters may need gradients, any tensor at all)."""
+    if not runtime.is_grad_enabled():
+        return False
+    for a in itertools.chain(args, kwargs.values()):
+        for t in _tensors_in(a):
+            if any_tensor or t.requires_grad:
+                return True
+    return False
+
+
+def _tensors_in(a: Any) -> list[runtime.Tensor]:
+    if isinstance(a, runtime.Tensor):
+        return [a]
+    if isinstance(a, (list, tuple)):
+        return [t for t in a if isinstance(t, runtime.Tensor)]
+    return []
+
+
+@attrs.define(eq=False)
+class _Handle:
+    """What the caller's node knows of one remote forward."""
+
+    worker: Worker
+    fid: int
+    outs: list[runtime.Tensor]
+    what: str
+    timeout: Any
+
+
+async def call(worker: Worker, target: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: Any) -> Any:
+    """`Worker.call` for a call that is to be differentiated."""
+    return await _recorded(worker, "fn", target, None, args, kwargs, timeout, f"the call of {target}")
+
+
+async def rref_call(rref: RRef, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: Any) -> Any:
+    """`RRef.call` for a call that is to be differentiated."""
+    return await _recorded(
+        rref.owner, "method", method, rref, args, kwargs, timeout, f"{rref.type_name}.{method}()"
+    )
+
+
+async def _recorded(
+    worker: Worker, kind: str, target: str, obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+    timeout: Any, what: str,
+) -> Any:
+    flat, spec = _flatten_inputs(args, kwargs)
+    # tensors as positional slots of the wire call; the worker rebuilds args/kwargs from the spec
+    reply = await _plain_call(worker, "_forward", (kind, target, obj, spec, *flat), timeout)
+    fid, result, diff = reply
+    if fid == 0:  # nothing on the worker required grad: a plain result
+        return result
+    single = not isinstance(result, list) or diff == -1
+    outs = [result] if single else result
+    diff_outs = [o for o, d in zip(outs, [True] if single else diff) if d]
+    handle = _Handle(worker, fid, diff_outs, what, timeout)
+    token = runtime.zeros((), dtype=np.float64, requires_grad=True)
+    token.register_post_accumulate_grad_hook(_committer(handle))
+    ins = [t for t in flat if isinstance(t, runtime.Tensor)]
+    got = _RemoteCall.apply(handle, token, *ins)
+    got = (got,) if not isinstance(got, tuple) else got
+    it = iter(got)
+    wrapped = [next(it) if d else o for o, d in zip(outs, [True] if single else diff)]
+    if single:
+        return wrapped[0]
+    return tuple(wrapped)
+
+
+async def _plain_call(worker: Worker, fn: str, args: tuple[Any, ...], timeout: Any) -> Any:
+    """A call of one of this module's functions on the worker, never itself recorded."""
+    t = worker._timeout(timeout)
+    peer = worker._live_peer()
+    out = peer.prepare(CALL, [f"{_THIS}:{fn}"], args, {}, f"{fn} on {worker.name}")
+    return await peer.roundtrip(out, t)
+
+
+def _flatten_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """Tensors (top level, or in a top-level list/tuple) out of the arguments, and a spec to put them
+    back: per argument, its value with tensors replaced by ``["T", i]`` markers."""
+    flat: list[Any] = []
+
+    def sub(a: Any) -> Any:
+        if isinstance(a, runtime.Tensor):
+            flat.append(a)
+            return ["__ag_T__", len(flat) - 1]
+        if isinstance(a, (list, tuple)):
+            return ["__ag_L__", [sub(x) for x in a]]
+        return ["__ag_V__", a]
+
+    spec = [[sub(a) for a in args], {k: sub(v) for k, v in kwargs.items()}]
+    return flat, spec
+
+
+def _unflatten(spec: list[Any], flat: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+    def put(m: Any) -> Any:
+        tag, v = m
+        if tag == "__ag_T__":
+            return flat[v]
+        if tag == "__ag_L__":
+            return [put(x) for x in v]
+        return v
+
+    sargs, skw = spec
+    return [put(m) for m in sargs], {k: put(m) for k, m in skw.items()}
+
+
+_stage_ids = itertools.count(1)
+
+
+class _RemoteCall(autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, handle: _Handle, token: runtime.Tensor, *ins: runtime.Tensor) -> Any:
+        ctx.handle = handle
+        ctx.save_for_backward(token)  # its freeing makes a second backward without retain_graph raise
+        weakref.finalize(ctx, _free_later, _token_or_none(), handle.worker, handle.fid)
+        return tuple(handle.outs)
+
+    @staticmethod
+    async def backward(ctx: Any, *grads: Any) -> Any:
+        ctx.saved_tensors  # noqa: B018  (raises as locally on a second backward without retain_graph)
+        h: _Handle = ctx.handle
+        if runtime.is_grad_enabled():
+            raise RuntimeError(
+                f"backward with create_graph=True through the remote call {h.what} on {h.worker.name} is "
+                "not supported (a remote call's backward is not itself recorded); use create_graph=False, "
+                "or compute the higher derivative on the worker"
+            )
+        stage = next(_stage_ids)
+        gins = await _plain_call(h.worker, "_backward", (h.fid, list(grads), stage), h.timeout)
+        return (None, runtime.tensor(float(stage), dtype=np.float64), *gins)
+
+
+def _committer(handle: _Handle) -> Any:
+    def commit(token: runtime.Tensor) -> None:
+        # the engine commits this token only when the whole pass succeeded; its gradient is the
+        # stage id of this pass (reset below, so the next pass's commit reads its own id)
+        g = token.grad
+        token.grad = None
+        if g is None:
+            return
+        stage = round(g.item())
+        _post(handle.worker, "_commit", handle.fid, stage)
+
+    return commit
+
+
+def _post(worker: Worker, fn: str, *args: Any) -> None:
+    """Send a call without waiting for its reply (its reply is dropped as a late one): a plain message
+    that travels in order with every later call on the connection."""
+    peer = worker.peer
+    if peer is None or peer.death is not None or peer.conn.closed:
+        return
+    out = peer.prepare(CALL, [f"{_THIS}:{fn}"], args, {}, f"{fn} on {worker.name}")
+    try:
+        peer.send(out.enc)
+    except Exception:  # the connection is gone: the worker's state went with it
+        pass
+
+
+def _token_or_none() -> Any:
+    try:
+        return trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return None
+
+
+def _free_later(token: Any, worker: Worker, fid: int) -> None:
+    # may run in any thread (the garbage collector): hand the send to the loop
+    if token is None:
+        return
+    try:
+        token.run_sync_soon(_post, worker, "_free", fid)
+    except trio.RunFinishedError:
+        pass
+
+
+# ---- the worker side ------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Forward:
+    outs: list[runtime.Tensor]
+    ins: list[runtime.Tensor]
+    leaves: list[runtime.Tensor]
+    n_flat: int  # the call's tensor arguments: one gradient (or None) is returned per each
+    in_pos: list[int]  # where each of ``ins`` is among them
+    stages: dict[int, list[list[Any]]] = attrs.field(factory=dict)
+
+
+_FORWARDS: dict[int, _Forward] = {}
+_fids = itertools.count(1)
+
+
+async def _forward(kind: str, target: str, obj: Any, spec: list[Any], *flat: Any) -> Any:
+    args, kwargs = _unflatten(spec, list(flat))
+    fn = getattr(obj, target) if kind == "method" else this_node().resolve(target)
+    with runtime.enable_grad():
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+    single = not isinstance(result, (list, tuple))
+    outs = [result] if single else list(result)
+    diff = [isinstance(o, runtime.Tensor) and o.requires_grad for o in outs]
+    if not any(diff):
+        return [0, result, None]
+    tensors = [t for t in flat if isinstance(t, runtime.Tensor)]
+    in_pos = [i for i, t in enumerate(tensors) if t.requires_grad]
+    ins = [tensors[i] for i in in_pos]
+    outs_d = [o for o, d in zip(outs, diff) if d]
+    fid = next(_fids)
+    _FORWARDS[fid] = _Forward(outs_d, ins, _leaves_of(outs_d, ins), len(tensors), in_pos)
+    sent = [o.detach() if d else o for o, d in zip(outs, diff)]
+    if single:
+        return [fid, sent[0], -1]
+    return [fid, sent, diff]
+
+
+def _leaves_of(outs: list[runtime.Tensor], ins: list[runtime.Tensor]) -> list[runtime.Tensor]:
+    """The leaves that require grad reachable from ``outs``, other than the call's inputs."""
+    skip = {id(t) for t in ins}
+    seen: set[int] = set()
+    leaves: list[runtime.Tensor] = []
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    for o in outs:
+        if o.grad_fn is None and id(o) not in skip and id(o) not in seen:
+            seen.add(id(o))
+            leaves.append(o)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for e in node.next:
+            if e is None:
+                continue
+            n = e[0]
+            if isinstance(n, runtime.Tensor):
+                if id(n) not in skip and id(n) not in seen:
+                    seen.add(id(n))
+                    leaves.append(n)
+            elif id(n) not in seen:
+                stack.append(n)
+    return leaves
+
+
+async def _backward(fid: int, grads: list[Any], stage: int) -> list[Any]:
+    rec = _FORWARDS.get(fid)
+    if rec is None:
+        raise RuntimeError(
+            f"the graph of remote forward #{fid} on {this_node().name} is gone (freed, or the worker "
+            "restarted); run the forward again"
+        )
+    pairs = [(o, g) for o, g in zip(rec.outs, grads) if g is not None]
+    targets = rec.ins + rec.leaves
+    result: list[Any] = [None] * rec.n_flat
+    if not pairs or not targets:
+        return result
+    # always retained here: the caller's node says when the graph may go (`_free`), as it alone knows
+    # about retain_graph
+    gs = await autograd.grad(
+        [o for o, _ in pairs], targets, [g for _, g in pairs], retain_graph=True, allow_unused=True
+    )
+    n = len(rec.ins)
+    staged = [[p, g] for p, g in zip(rec.leaves, gs[n:]) if g is not None]
+    if staged:
+        rec.stages[stage] = staged
+    for i, g in zip(rec.in_pos, gs[:n]):
+        result[i] = g
+    return result
+
+
+def _commit(fid: int, stage: int) -> None:
+    rec = _FORWARDS.get(fid)
+    if rec is None:
+        return
+    entries = rec.stages.pop(stage, None)
+    if not entries:
+        return
+    with runtime.no_grad():
+        for p, g in entries:
+            p.grad = g if p.grad is None else p.grad + g
+
+
+def _free(fid: int) -> None:
+    _FORWARDS.pop(fid, None)
+
+
+def forwards_alive() -> int:
+    """How many remote forwards this process keeps graphs of (for tests)."""
+    return len(_FORWARDS)
+
+
+def stages_pending() -> int:
+    """How many staged (prepared, not committed) gradient sets this process holds (for tests)."""
+    return sum(len(rec.stages) for rec in _FORWARDS.values())
