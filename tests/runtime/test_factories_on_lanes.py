@@ -10,7 +10,7 @@ import pytest
 import trio
 
 import asyncgrad as ag
-from asyncgrad.runtime import is_ready
+from asyncgrad.runtime._tensor import is_ready
 
 
 def grad_of(t: ag.Tensor) -> ag.Tensor:
