@@ -31,3 +31,27 @@ __all__ = [
     "statistics",
 ]
 # ---- end of the RPC block (other parts of the package add their names below: `__all__ += [...]`) -----
+
+# ---- population: many trainings over worker processes (issue 17) ------------------------------------
+from ._population import (
+    DEFAULT_MAX_CONCURRENT,
+    Population,
+    PopulationStatistics,
+    Result,
+    Run,
+    RunCancelled,
+    open_population,
+)
+from ._trial import Trial
+
+__all__ += [
+    "DEFAULT_MAX_CONCURRENT",
+    "Population",
+    "PopulationStatistics",
+    "Result",
+    "Run",
+    "RunCancelled",
+    "Trial",
+    "open_population",
+]
+# ---- end of the population block ---------------------------------------------------------------------
