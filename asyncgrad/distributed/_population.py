@@ -391,6 +391,14 @@ class Population:
             raise
 
 
+def _cores() -> int:
+    """The cores this process may run on (its affinity, e.g. under taskset or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @asynccontextmanager
 async def open_population(
     workers: int | None = None,
@@ -416,7 +424,7 @@ async def open_population(
     """
     if backend != "local":
         raise ValueError(f"backend is 'local' (the only one built so far), got {backend!r}")
-    cores = os.cpu_count() or 1
+    cores = _cores()
     k = cores if workers is None else workers
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
