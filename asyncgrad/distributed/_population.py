@@ -226,6 +226,14 @@ class Population:
         if self._closed:
             raise WorkersClosed("the population is closed")
         target = target_of(train)
+        c = self._check_cores(target, cores)
+        run = Run(self._ids, config, target, c)
+        self._ids += 1
+        w = await self._place(c)
+        self._nursery.start_soon(self._drive, run, w)
+        return run
+
+    def _check_cores(self, target: str, cores: int | None) -> int:
         c = 1 if cores is None else cores
         if isinstance(c, bool) or not isinstance(c, int) or c < 1:
             raise ValueError(f"cores must be a positive int, got {cores!r}")
@@ -234,17 +242,14 @@ class Population:
                 f"a training of {target} asks for cores={c} but each worker has {self._cores} core(s); "
                 f"open the population with fewer workers, or ask for fewer cores"
             )
-        run = Run(self._ids, config, target, c)
-        self._ids += 1
-        w = await self._place(c)
-        self._nursery.start_soon(self._drive, run, w)
-        return run
+        return c
 
     async def map(self, train: Any, configs: Iterable[Any], *, cores: int | None = None) -> AsyncIterator[Result]:
         """Run ``train`` on every config; yields a `Result` per run as it finishes (not in order).
 
         Leaving the loop early cancels the runs not finished yet.
         """
+        self._check_cores(target_of(train), cores)  # bad arguments raise here, not in a background task
         cfgs = list(configs)
         send, recv = trio.open_memory_channel[Result](math.inf)
         runs: list[Run] = []
@@ -274,7 +279,10 @@ class Population:
             with scope:
                 async with trio.open_nursery() as n:
                     for i, cfg in enumerate(cfgs):
-                        run = await self.start(train, cfg, cores=cores)
+                        try:
+                            run = await self.start(train, cfg, cores=cores)
+                        except WorkersClosed:
+                            return
                         runs.append(run)
                         n.start_soon(deliver, run, i)
 
