@@ -7,8 +7,9 @@ Contenders:
   from a shared queue;
 - torch: a ThreadPoolExecutor(P) over the trainings, with the default intra-op threads and with 1;
 - asyncgrad population: ``dist.open_population(workers=2)`` (K=2 local worker processes, each one lane
-  and one BLAS thread per core it has), P trainings in flight across them; the workers start before the
-  clock does (as the other contenders' threads and runtimes are already importable and warm);
+  and one BLAS thread per core it has, the default per-worker limit), P feeders starting trainings on it
+  (the population caps what runs at once at its limit: P above it only queues); the workers start and
+  are warmed before the clock does;
 - torch multiprocessing: a pool of min(P, cores) spawned processes (1 intra-op thread each, started and
   warmed before the clock), the same 32 trainings;
 - numpy by hand (the floor) on a ThreadPoolExecutor(P): what plain threads over numpy give, with the
@@ -205,8 +206,6 @@ POP_WORKERS = 2
 
 def run_population(P: int, n: int, check: bool = False) -> Any:
     """P trainings in flight over K=2 worker processes; seconds for all ``n`` (workers started before)."""
-    import math
-
     import trio
 
     import asyncgrad as ag
@@ -214,9 +213,7 @@ def run_population(P: int, n: int, check: bool = False) -> Any:
 
     async def main() -> Any:
         async with ag.open_runtime(lanes=1):
-            async with dist.open_population(
-                workers=POP_WORKERS, max_concurrent=max(1, math.ceil(P / POP_WORKERS))
-            ) as pop:
+            async with dist.open_population(workers=POP_WORKERS) as pop:
                 # warm each worker (imports, first kernels) outside the clock, as the threads' contenders are
                 warm = [await pop.start(pop_training, 0) for _ in range(POP_WORKERS)]
                 for r in warm:
@@ -410,14 +407,18 @@ def run(quick: bool = False) -> dict[str, Any]:
         say(f"  target (asyncgrad tasks): >= 1.0x at every P, >= 1.5x at P=2 -> min {min(sp):.2f}x, "
             f"P=2 {s2:.2f}x ({'met' if ok else 'NOT met'})")
     pop = out["contenders"].get("asyncgrad population (K=2)", {})
-    seq = at.get(1, {}).get("median")  # the same 32 trainings one after another (one runtime, P=1)
-    if pop and seq:
+    # one after another: the same 32 trainings, one at a time, in one runtime (asyncgrad tasks at P=1) and
+    # on one worker of the population (its P=1); the target is checked against the faster of the two
+    seqs = [v for v in (at.get(1, {}).get("median"), pop.get(1, {}).get("median")) if v]
+    if pop and seqs:
+        seq = min(seqs)
         sp_seq = {P: seq / pop[P]["median"] for P in Ps if P in pop and "median" in pop[P]}
         out["population_speedup_vs_one_after_another"] = sp_seq
         cells = ", ".join(f"P={P} {v:.2f}x" for P, v in sp_seq.items())
         at2 = [v for P, v in sp_seq.items() if P >= 2]
         ok2 = bool(at2) and min(at2) >= 1.7
-        say(f"  population vs the 32 trainings one after another in one runtime: {cells}")
+        say(f"  population vs the 32 trainings one after another ({seq:.2f} s, the faster of one runtime at "
+            f"P=1 and one worker at P=1): {cells}")
         say(f"  target (population): >= 1.7x at every P >= 2 -> min {min(at2) if at2 else float('nan'):.2f}x "
             f"({'met' if ok2 else 'NOT met'})")
     nb: dict[Any, Any] = out["contenders"].get("numpy threads, 1 BLAS thread", {})

@@ -24,10 +24,12 @@ from ._peer import CALL, target_of
 from ._trial import CHECKPOINT, REPORT
 from ._workers import Worker, Workers, open_workers
 
-# Trainings per worker core at once. Measured on W3 (32 MLP trainings, 2 workers on 2 cores): 1 leaves the
-# worker idle while a finished run's reply and the next call cross the wire; 2 hides that; more only adds
-# GIL hand-offs between the trainings sharing a worker (see CHANGELOG for the figures).
-DEFAULT_MAX_CONCURRENT = 2
+# Trainings per worker core at once. Measured on W3's 32 trainings through 2 workers on 2 cores (seconds,
+# 3 interleaved rounds, a loaded machine): max_concurrent 1: 2.65 1.28 1.64; 2: 2.04 1.40 2.73;
+# 4: 1.54 1.62 2.08; 8: 1.74 2.05 2.01. One per core is as fast as any and the least noisy, and it is
+# what the cause predicts: a second training in a worker only adds GIL hand-offs between the loop and
+# the lanes, while the gap it would hide (a reply and the next call, ~1 ms) is <2% of a small training.
+DEFAULT_MAX_CONCURRENT = 1
 
 _RUN_TRIAL = "asyncgrad.distributed._trial:run_trial"
 

@@ -61,7 +61,7 @@ async def test_map_results_equal_sequential_runs(rt1) -> None:
 
 async def test_reports_arrive_in_order_as_they_happen(rt1) -> None:
     with trio.fail_after(TIMEOUT):
-        async with dist.open_population(workers=2) as pop:
+        async with dist.open_population(workers=2, max_concurrent=2) as pop:
             runs = [await pop.start(_pop_fns.paced, {"n": 6, "delay": 0.15}) for _ in range(3)]
             seen: list[tuple[float, dict]] = []
             async for rep in runs[0].reports():
@@ -180,7 +180,7 @@ async def test_cancelling_the_scope_stops_everything(rt1, tmp_path) -> None:
     markers = [tmp_path / f"m{i}" for i in range(4)]
     with trio.fail_after(TIMEOUT):
         with trio.move_on_after(60) as cs:
-            async with dist.open_population(workers=2) as pop:
+            async with dist.open_population(workers=2, max_concurrent=2) as pop:
                 runs = [await pop.start(_pop_fns.sleepy, {"marker": str(m)}) for m in markers]
                 for r in runs:
                     async for _ in r.reports():
