@@ -96,3 +96,10 @@ class FakeTrial:
 
     def checkpoint(self, state: Any) -> None:
         pass
+
+
+async def mixed(trial: Any, cfg: dict[str, Any]) -> Any:
+    """`sleepy` for a config with "sleep", else `mlp`."""
+    if "sleep" in cfg:
+        return await sleepy(trial, cfg)
+    return await mlp(trial, cfg)

@@ -213,3 +213,26 @@ async def test_bad_arguments(rt1) -> None:
                 async def local(trial, cfg):
                     return 1
                 await pop.start(local, {})
+
+
+async def test_leaving_map_early_cancels_the_rest(rt1, tmp_path) -> None:
+    from contextlib import aclosing
+
+    markers = [tmp_path / f"m{i}" for i in range(2)]
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=1, max_concurrent=3) as pop:
+            cfgs = [{**CFG, "seed": 0}] + [{"sleep": 60, "marker": str(m)} for m in markers]
+
+            first = None
+            async with aclosing(pop.map(_pop_fns.mixed, cfgs)) as results:
+                async for res in results:
+                    first = res
+                    break
+            while pop.statistics().cancelled < 2:
+                await trio.sleep(0.05)
+            v = await (await pop.start(_pop_fns.mlp, {**CFG, "seed": 1})).result()  # the worker carries on
+        want = await sequential([{**CFG, "seed": 0}, {**CFG, "seed": 1}])
+    assert first is not None and first.error is None
+    assert_same_params(first.value["params"], want[0])
+    assert_same_params(v["params"], want[1])
+    assert all(m.read_text() == "cancelled" for m in markers)
