@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Train a population of models at once, in ONE asyncgrad runtime, on the handwritten digits.
+"""Train a population of models at once on the handwritten digits: over worker processes by default.
 
-Sixteen trainings (MLPs and small CNNs of different widths, optimizers and learning rates) run as
-concurrent trio tasks in one nursery. Each task runs its forward, ``await loss.backward()`` and
-``opt.step()``; kernels run on the runtime's worker lanes while the event loop switches between the
-trainings and redraws one progress bar per training. At the end the script prints a table of test
-accuracies and the wall time, and saves the loss curves as a PNG.
+Sixteen trainings (MLPs and small CNNs of different widths, optimizers and learning rates). By default
+they run through ``dist.open_population``: one worker process per core, each an asyncgrad runtime, the
+trainings placed on the least-loaded worker; each training streams its losses back with
+``await trial.report(...)`` and the parent redraws one progress bar per model from those reports.
+``--in-process`` runs them as concurrent trio tasks in ONE runtime instead (kernels on the runtime's
+lanes, the loop switching between the trainings); ``--sequential`` runs them one after another in one
+runtime. At the end the script prints a table of test accuracies and the wall time (next to what one
+after another took, when you ran ``--sequential`` before: it is kept in ``out/``), and saves the loss
+curves as a PNG.
 
 The data is scikit-learn's ``load_digits()`` (1797 8x8 images, shipped inside scikit-learn: no
 network needed).
@@ -16,11 +20,14 @@ Usage::
     python3 examples/train_many.py --quick         # a few seconds: 4 small trainings, 2 epochs
     python3 examples/train_many.py --no-progress --out out/curves.png
     python3 examples/train_many.py --sequential    # the same trainings one after another, to compare
+    python3 examples/train_many.py --in-process    # concurrent tasks in one runtime (no worker processes)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 import time
@@ -31,6 +38,7 @@ import numpy as np
 import trio
 
 import asyncgrad as ag
+from asyncgrad import distributed as dist
 from asyncgrad import nn, optim
 from asyncgrad.nn import functional as F
 
@@ -247,6 +255,112 @@ async def train_one(
     res.seconds = time.perf_counter() - t0
 
 
+REPORT_EVERY = 8  # steps per streamed report: progress stays smooth, messages stay few
+
+
+async def train_trial(trial: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """One training in a worker process (the population's ``train``): streams its step losses back."""
+    cfg = Config(**job["cfg"])
+    i, seed = job["index"], job["seed"]
+    data = load_data(seed)
+    ag.manual_seed(seed * 1000 + i)
+    model = build(cfg, seed=seed * 1000 + i)
+    res = Result(cfg)
+
+    class _Reporter:
+        """Stands in for the bars: losses go to the parent in reports of REPORT_EVERY steps."""
+
+        def __init__(self) -> None:
+            self.pending = 0
+
+        def update(self, i: int, n: int = 1) -> None:
+            self.pending += n
+
+        def epoch(self, i: int, epoch: int, loss: float) -> None:
+            pass
+
+    rep = _Reporter()
+    sent = 0
+
+    async def flush(epoch: int) -> None:
+        nonlocal sent
+        new = res.step_losses[sent:]
+        sent = len(res.step_losses)
+        await trial.report(step=sent, losses=new, epoch=epoch, loss=res.epoch_losses[-1])
+
+    # the same loop as in-process, epoch by epoch, reporting after each epoch's losses are read
+    Xtr, Xte, ytr, yte = data
+    Xin = _shape_input(cfg, Xtr)
+    opt = make_optimizer(cfg, model)
+    rng = np.random.default_rng(seed + i)
+    res.params = sum(p.numel() for p in model.parameters())
+    t0 = time.perf_counter()
+    n = len(Xtr)
+    for epoch in range(cfg.epochs):
+        order = rng.permutation(n)
+        losses = []
+        for s in range(0, n, cfg.batch):
+            idx = order[s : s + cfg.batch]
+            loss = F.cross_entropy(model(ag.tensor(Xin[idx])), ytr[idx])
+            await loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+            rep.update(i)
+            if len(losses) % REPORT_EVERY == 0:
+                await losses[-1].ready()
+                await trial.report(step=sent + len(losses), epoch=epoch, partial=True)
+        await losses[-1].ready()
+        vals = [t.item() for t in losses]
+        res.step_losses += vals
+        res.epoch_losses.append(float(np.mean(vals)))
+        await flush(epoch + 1)
+    res.test_acc = await evaluate(model, cfg, Xte, yte)
+    res.seconds = time.perf_counter() - t0
+    return {
+        "params": res.params, "step_losses": res.step_losses, "epoch_losses": res.epoch_losses,
+        "test_acc": res.test_acc, "seconds": res.seconds,
+    }
+
+
+async def main_population(args: argparse.Namespace) -> list[Result]:
+    """The trainings over worker processes; one bar per model, fed by the streamed reports."""
+    cfgs = population(args.quick)
+    n_train = len(load_data(args.seed)[0])
+    steps = [c.epochs * -(-n_train // c.batch) for c in cfgs]
+    progress = not args.no_progress and sys.stdout.isatty() and sys.stderr.isatty()
+    bars = _Bars(cfgs, steps, progress)
+    results = [Result(c) for c in cfgs]
+    finished = 0
+
+    async def follow(i: int, run: Any) -> None:
+        nonlocal finished
+        shown = 0
+        async for rep in run.reports():  # as they happen in the worker
+            bars.update(i, rep["step"] - shown)
+            shown = rep["step"]
+            if "loss" in rep:
+                bars.epoch(i, rep["epoch"], rep["loss"])
+        out = await run.result()
+        r = results[i]
+        r.params, r.step_losses, r.epoch_losses = out["params"], out["step_losses"], out["epoch_losses"]
+        r.test_acc, r.seconds = out["test_acc"], out["seconds"]
+        finished += 1
+        bars.done(i, r, finished, len(cfgs))
+
+    try:
+        async with dist.open_population(workers=args.workers) as pop:
+            async with trio.open_nursery() as nursery:
+                # the largest first: the long trainings do not end up alone at the tail
+                for i in sorted(range(len(cfgs)), key=lambda k: -steps[k] * cfgs[k].width):
+                    job = {"cfg": dataclasses.asdict(cfgs[i]), "index": i, "seed": args.seed}
+                    run = await pop.start(train_trial, job)
+                    nursery.start_soon(follow, i, run)
+    finally:
+        bars.close()
+    return results
+
+
 def print_table(results: list[Result], wall: float, mode: str) -> None:
     head = (
         f"{'model':<20} {'params':>7} {'optim':>6} {'lr':>7} {'epochs':>6} "
@@ -263,7 +377,7 @@ def print_table(results: list[Result], wall: float, mode: str) -> None:
         )
     print("-" * len(head))
     best = max(results, key=lambda r: r.test_acc)
-    print(f"{len(results)} trainings ({mode}) in one runtime: wall time {wall:.1f} s")
+    print(f"{len(results)} trainings ({mode}): wall time {wall:.1f} s")
     print(f"best: {best.cfg.name} with {100 * best.test_acc:.1f}% test accuracy")
 
 
@@ -310,9 +424,11 @@ def plot(results: list[Result], path: str) -> None:
 async def main(args: argparse.Namespace) -> list[Result]:
     cfgs = population(args.quick)
     data = load_data(args.seed)
-    ag.manual_seed(args.seed)
-    # built in order from the seeded default generator: reproducible initial weights
-    models = [build(c, seed=args.seed * 1000 + i) for i, c in enumerate(cfgs)]
+    models = []
+    for i, c in enumerate(cfgs):
+        # one seed per model (as in a worker): the same initial weights in every mode
+        ag.manual_seed(args.seed * 1000 + i)
+        models.append(build(c, seed=args.seed * 1000 + i))
     steps = [c.epochs * -(-len(data[0]) // c.batch) for c in cfgs]
     progress = not args.no_progress and sys.stdout.isatty() and sys.stderr.isatty()
     bars = _Bars(cfgs, steps, progress)
@@ -355,14 +471,40 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sequential", action="store_true", help="run the trainings one after another (to compare)"
     )
-    p.add_argument("--lanes", type=int, default=None, help="worker lanes of the CPU device (default: cores)")
+    p.add_argument(
+        "--in-process", action="store_true", help="concurrent tasks in ONE runtime, no worker processes"
+    )
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.add_argument("--lanes", type=int, default=None, help="lanes of the CPU device (one-runtime modes)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     opts = {} if args.lanes is None else {"lanes": args.lanes}
-    results = ag.run(main, args, **opts)
+    if args.sequential or args.in_process:
+        results = ag.run(main, args, **opts)
+        mode = "one after another, one runtime" if args.sequential else "concurrently in one runtime"
+    else:
+        # the parent's runtime only receives results: one lane leaves the cores to the workers
+        results = ag.run(main_population, args, lanes=1)
+        mode = "population over worker processes"
     wall = time.perf_counter() - t0
     print()
-    print_table(results, wall, "one after another" if args.sequential else "concurrently")
+    print_table(results, wall, mode)
+    walls_path = os.path.join(os.path.dirname(args.out) or ".", "train_many_walls.json")
+    walls: dict[str, float] = {}
+    if os.path.exists(walls_path):
+        try:
+            with open(walls_path) as f:
+                walls = json.load(f)
+        except (OSError, ValueError):
+            walls = {}
+    key = f"{mode}{' (quick)' if args.quick else ''}"
+    walls[key] = wall
+    seq = walls.get(f"one after another, one runtime{' (quick)' if args.quick else ''}")
+    if seq is not None and not args.sequential:
+        print(f"one after another took {seq:.1f} s (an earlier --sequential run): {seq / wall:.2f}x")
+    os.makedirs(os.path.dirname(walls_path) or ".", exist_ok=True)
+    with open(walls_path, "w") as f:
+        json.dump(walls, f, indent=1)
     plot(results, args.out)
     print(f"loss curves saved to {args.out}")
     return 0

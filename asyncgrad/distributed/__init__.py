@@ -17,8 +17,20 @@ from ._dist_optim import DistributedOptimizer
 from ._errors import AuthenticationError, RemoteError, WorkerDied, WorkersClosed
 from ._future import Future
 from ._peer import current_call, statistics
+
+# population: many trainings over worker processes (issue 17)
+from ._population import (
+    DEFAULT_MAX_CONCURRENT,
+    Population,
+    PopulationStatistics,
+    Result,
+    Run,
+    RunCancelled,
+    open_population,
+)
 from ._rref import RRef
 from ._streams import RPCStatistics
+from ._trial import Trial
 from ._workers import CallCancelled, Worker, Workers, open_workers
 
 __all__ = [
@@ -104,3 +116,16 @@ __all__ += [
 # ---- distributed autograd and the distributed optimizer (issue 19) ------------------------------------
 
 __all__ += ["DistributedOptimizer", "autograd", "optim"]
+# ---- end of the RPC block (other parts of the package add their names below: `__all__ += [...]`) -----
+
+__all__ += [
+    "DEFAULT_MAX_CONCURRENT",
+    "Population",
+    "PopulationStatistics",
+    "Result",
+    "Run",
+    "RunCancelled",
+    "Trial",
+    "open_population",
+]
+# ---- end of the population block ---------------------------------------------------------------------

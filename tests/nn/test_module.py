@@ -178,6 +178,8 @@ def test_train_many_quick_smoke(tmp_path) -> None:
         text=True,
         timeout=120,
         cwd=str(tmp_path),
+        # this checkout's asyncgrad (the default mode starts worker processes, which import it too)
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "best:" in proc.stdout and "wall time" in proc.stdout

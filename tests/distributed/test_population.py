@@ -1,0 +1,238 @@
+"""The population over real worker processes: streamed reports, cancellation, faults, equal results."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import trio
+
+import asyncgrad as ag
+from asyncgrad import distributed as dist
+
+from . import _pop_fns
+from .conftest import TIMEOUT, children
+
+CFG = {"steps": 12, "lr": 0.05}
+
+
+async def sequential(cfgs: list[dict]) -> list[list[np.ndarray]]:
+    """The same trainings one after another in this process, with a worker's runtime settings."""
+    out = []
+    for cfg in cfgs:
+        res = await _pop_fns.mlp(_pop_fns.FakeTrial(), cfg)
+        out.append([p.numpy().copy() for p in res["params"]])
+    return out
+
+
+@pytest.fixture
+async def rt1():
+    """The parent's runtime, with a worker's settings (one lane, one BLAS thread) for the references."""
+    async with ag.open_runtime(lanes=1, blas_threads=1) as r:
+        yield r
+
+
+def assert_same_params(got: list, want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w)  # bit-identical
+
+
+async def test_map_results_equal_sequential_runs(rt1) -> None:
+    cfgs = [{**CFG, "seed": s} for s in range(6)]
+    before = children()
+    got = {}
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2, max_concurrent=2) as pop:
+            async for res in pop.map(_pop_fns.mlp, cfgs):
+                assert res.error is None, res.error
+                got[res.config["seed"]] = res
+            stats = pop.statistics()
+        want = await sequential(cfgs)
+    assert sorted(got) == list(range(6))
+    for s in range(6):
+        assert_same_params(got[s].value["params"], want[s])
+    assert {r.worker for r in got.values()} == {"worker0", "worker1"}  # both workers took runs
+    assert stats.finished == 6 and stats.failed == 0 and stats.running == 0
+    assert children() <= before
+
+
+async def test_reports_arrive_in_order_as_they_happen(rt1) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2, max_concurrent=2) as pop:
+            runs = [await pop.start(_pop_fns.paced, {"n": 6, "delay": 0.15}) for _ in range(3)]
+            seen: list[tuple[float, dict]] = []
+            async for rep in runs[0].reports():
+                seen.append((trio.current_time(), rep))
+            for r in runs:
+                assert await r.result() == 6
+            done_at = trio.current_time()
+    assert [rep["step"] for _, rep in seen] == list(range(6))
+    for r in runs:  # kept per run, in order, even for the runs nobody read while they ran
+        assert [rep["step"] for rep in r.reports_nowait()] == list(range(6))
+    # streamed as they happen: report i arrives about i * delay after the first, not all at the end
+    t = [at for at, _ in seen]
+    gaps = np.diff(t)
+    assert all(g > 0.07 for g in gaps), gaps
+    assert t[0] < t[-1] - 0.5
+    assert t[0] < done_at - 0.5
+
+
+async def test_cancel_one_run_neighbours_finish(rt1, tmp_path) -> None:
+    marker = tmp_path / "cancelled"
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2, max_concurrent=2) as pop:
+            victim = await pop.start(_pop_fns.sleepy, {"sleep": 60, "marker": str(marker)})
+            others = [await pop.start(_pop_fns.mlp, {**CFG, "seed": s, "delay": 0.02}) for s in range(3)]
+            async for _ in victim.reports():
+                break  # it is running
+            victim.cancel()
+            with pytest.raises(dist.RunCancelled):
+                await victim.result()
+            values = [await r.result() for r in others]
+            # its worker carries on: a new run there still works
+            again = await pop.start(_pop_fns.mlp, {**CFG, "seed": 0})
+            v0 = await again.result()
+        want = await sequential([{**CFG, "seed": s} for s in range(3)])
+    for v, w in zip(values, want):
+        assert_same_params(v["params"], w)
+    assert_same_params(v0["params"], want[0])
+    assert marker.read_text() == "cancelled"  # the training saw trio.Cancelled in its worker
+
+
+async def test_exception_reaches_only_its_result(rt1) -> None:
+    cfgs = [{**CFG, "seed": s, **({"fail_at": 3} if s == 1 else {})} for s in range(4)]
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2) as pop:
+            results = {r.config["seed"]: r async for r in pop.map(_pop_fns.mlp, cfgs)}
+            bad = await pop.start(_pop_fns.not_async, {})
+            with pytest.raises(TypeError, match="async def train"):
+                await bad.result()
+        want = await sequential([cfgs[0], cfgs[2], cfgs[3]])
+    assert isinstance(results[1].error, ValueError)
+    assert "failed at step 3 on purpose" in str(results[1].error)
+    assert results[1].value is None
+    for s, w in zip([0, 2, 3], want):
+        assert results[s].error is None
+        assert_same_params(results[s].value["params"], w)
+
+
+async def _kill_mid_training(max_retries: int) -> tuple[dict, list, object]:
+    slow = {"steps": 12, "lr": 0.05, "delay": 0.1}
+    before = children()
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2, max_concurrent=2, max_retries=max_retries) as pop:
+            runs = [await pop.start(_pop_fns.mlp, {**slow, "seed": s}) for s in range(4)]
+            target = runs[0]
+            async for rep in target.reports():
+                if rep["step"] >= 3:
+                    break
+            victim = target.worker
+            pid = rep["pid"]
+            on_victim = [r.index for r in runs if r.worker == victim]
+            os.kill(pid, signal.SIGKILL)
+            outcomes = {}
+            for r in runs:
+                try:
+                    outcomes[r.index] = ("ok", await r.result())
+                except dist.WorkerDied as e:
+                    outcomes[r.index] = ("died", e)
+            stats = pop.statistics()
+            # the replacement worker takes new runs
+            extra = await (await pop.start(_pop_fns.mlp, {**CFG, "seed": 9})).result()
+        assert children() <= before  # the killed worker, its replacement and the others: all gone
+    return outcomes, on_victim, (stats, victim, extra)
+
+
+async def test_killed_worker_fails_only_its_runs(rt1) -> None:
+    outcomes, on_victim, (stats, victim, extra) = await _kill_mid_training(0)
+    want = await sequential([{**CFG, "seed": s, "steps": 12} for s in range(4)])
+    assert 0 in on_victim
+    for i, (kind, v) in outcomes.items():
+        if i in on_victim:
+            assert kind == "died", (i, v)
+            assert v.worker == victim and v.exitcode == -signal.SIGKILL
+        else:
+            assert kind == "ok", (i, v)
+            assert_same_params(v["params"], want[i])
+    assert stats.failed == len(on_victim) and stats.workers_replaced == 1
+    assert victim not in stats.workers and len(stats.workers) == 2
+    assert_same_params(extra["params"], (await sequential([{**CFG, "seed": 9}]))[0])
+
+
+async def test_killed_worker_runs_resume_from_checkpoint(rt1) -> None:
+    outcomes, on_victim, (stats, _victim, _) = await _kill_mid_training(1)
+    want = await sequential([{**CFG, "seed": s, "steps": 12} for s in range(4)])
+    for i, (kind, v) in outcomes.items():
+        assert kind == "ok", (i, v)
+        assert_same_params(v["params"], want[i])  # resumed or not: the right result
+        if i in on_victim:
+            assert v["attempt"] == 1 and v["start"] >= 3  # it restarted from its checkpoint, not from 0
+        else:
+            assert v["attempt"] == 0 and v["start"] == 0
+    assert stats.retried == len(on_victim) and stats.failed == 0
+
+
+async def test_cancelling_the_scope_stops_everything(rt1, tmp_path) -> None:
+    before = children()
+    markers = [tmp_path / f"m{i}" for i in range(4)]
+    with trio.fail_after(TIMEOUT):
+        with trio.move_on_after(60) as cs:
+            async with dist.open_population(workers=2, max_concurrent=2) as pop:
+                runs = [await pop.start(_pop_fns.sleepy, {"marker": str(m)}) for m in markers]
+                for r in runs:
+                    async for _ in r.reports():
+                        break
+                t0 = trio.current_time()
+                cs.cancel()
+                await trio.sleep_forever()
+        took = trio.current_time() - t0
+    assert cs.cancelled_caught
+    assert took < 5.0
+    for r in runs:
+        with pytest.raises(dist.RunCancelled):
+            r.result_nowait()
+    assert all(m.read_text() == "cancelled" for m in markers)  # each training saw trio.Cancelled
+    assert children() <= before
+
+
+async def test_bad_arguments(rt1) -> None:
+    with pytest.raises(ValueError, match="backend"):
+        async with dist.open_population(workers=1, backend="nope"):
+            pass
+    with pytest.raises(ValueError, match="workers"):
+        async with dist.open_population(workers=0):
+            pass
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=1) as pop:
+            with pytest.raises(ValueError, match="cores=4"):
+                await pop.start(_pop_fns.mlp, {}, cores=4)
+            with pytest.raises(TypeError, match="module level"):
+                async def local(trial, cfg):
+                    return 1
+                await pop.start(local, {})
+
+
+async def test_leaving_map_early_cancels_the_rest(rt1, tmp_path) -> None:
+    from contextlib import aclosing
+
+    markers = [tmp_path / f"m{i}" for i in range(2)]
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=1, max_concurrent=3) as pop:
+            cfgs = [{**CFG, "seed": 0}] + [{"sleep": 60, "marker": str(m)} for m in markers]
+
+            first = None
+            async with aclosing(pop.map(_pop_fns.mixed, cfgs)) as results:
+                async for res in results:
+                    first = res
+                    break
+            while pop.statistics().cancelled < 2:
+                await trio.sleep(0.05)
+            v = await (await pop.start(_pop_fns.mlp, {**CFG, "seed": 1})).result()  # the worker carries on
+        want = await sequential([{**CFG, "seed": 0}, {**CFG, "seed": 1}])
+    assert first is not None and first.error is None
+    assert_same_params(first.value["params"], want[0])
+    assert_same_params(v["params"], want[1])
+    assert all(m.read_text() == "cancelled" for m in markers)
