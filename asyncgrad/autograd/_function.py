@@ -172,19 +172,9 @@ class Function(metaclass=_FunctionMeta):
         if kwargs:
             args = _bind_positional(cls, args, kwargs)
         ctx = FunctionCtx()
-        needs = []
-        dev = None
-        any_rg = False
-        for a in args:
-            if isinstance(a, Tensor):
-                if dev is None:
-                    dev = a._dev
-                rg = a._rg
-                any_rg = any_rg or rg
-                needs.append(rg)
-            else:
-                needs.append(False)
-        ctx.needs_input_grad = tuple(needs)
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and bool(a._rg) for a in args)
+        any_rg = any(ctx.needs_input_grad)
+        dev = next((a._dev for a in args if isinstance(a, Tensor)), None)
         mode = _grad_mode._grad_enabled
         record = mode.get()
         token = mode.set(False)  # forward runs under no_grad

@@ -24,6 +24,7 @@ Ownership (who may change what):
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -115,11 +116,7 @@ async def run_queued(q: _Queued) -> None:
                 await r
     except BaseException:
         with trio.CancelScope(shield=True):
-            for owner, records in reversed(q.undo):
-                try:
-                    owner.call_nowait(Rollback(records))
-                except trio.WouldBlock:
-                    await _call(owner, Rollback(records), shield=True)
+            await _roll_back(reversed(q.undo))
         raise
     finally:
         q.callbacks.clear()
@@ -371,14 +368,19 @@ async def prepare_and_commit(
                 done.append((owner, records))
     except Exception:
         # a post-accumulate hook raised (its owner has put its own leaves back): put back the others
-        for owner, records in done:
-            try:
-                owner.call_nowait(Rollback(records))
-            except trio.WouldBlock:
-                await _call(owner, Rollback(records), shield=True)
+        await _roll_back(done)
         raise
     finally:
         by_owner.clear()
+
+
+async def _roll_back(undo: Iterable[tuple[LeafOwner, Any]]) -> None:
+    """Have each owner put back the `.grad`s of its commit records, in the given order."""
+    for owner, records in undo:
+        try:
+            owner.call_nowait(Rollback(records))
+        except trio.WouldBlock:
+            await _call(owner, Rollback(records), shield=True)
 
 
 async def _call(owner: LeafOwner, msg: Any, *, shield: bool = False) -> Any:

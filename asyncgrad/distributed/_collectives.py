@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from .. import runtime
@@ -35,21 +36,19 @@ _MAXD = 12  # dims a signature describes (deeper tensors compare on a digest of 
 _REDUCE_OPS = ("sum", "avg", "mean", "max", "min", "prod", "product")
 
 
+@attrs.define(eq=False)
 class Work:
     """A collective in flight: ``await work`` (or ``await work.wait()``) waits for it and returns its result.
 
     A failed collective raises its error there (`CollectiveTimeout`, `CollectiveMismatchError`, ...).
     """
 
-    __slots__ = ("_box", "_group", "_result", "_seq", "_stream", "what")
-
-    def __init__(self, group: ProcessGroup, stream: Any, seq: int, box: list[Any], result: Any, what: str) -> None:
-        self._group = group
-        self._stream = stream
-        self._seq = seq
-        self._box = box
-        self._result = result
-        self.what = what
+    _group: ProcessGroup
+    _stream: Any
+    _seq: int
+    _box: list[Any]
+    _result: Any
+    what: str
 
     def is_completed(self) -> bool:
         """Whether the collective has finished (successfully or not)."""
@@ -63,16 +62,14 @@ class Work:
     async def wait(self) -> Any:
         """Wait for the collective without blocking the event loop; returns its result (see each collective)."""
         await self._stream.synchronize(self._seq)
-        out = self._box[0]
-        if out is None:
-            raise DistributedError(f"{self.what}: the collective was dropped (its process group was destroyed)")
-        if isinstance(out, BaseException):
-            raise out
-        return self._result
+        return self._outcome()
 
     def wait_blocking(self) -> Any:
         """Block the calling thread until the collective is done (construction-time setup only)."""
         self._stream.synchronize_blocking(self._seq)
+        return self._outcome()
+
+    def _outcome(self) -> Any:
         out = self._box[0]
         if out is None:
             raise DistributedError(f"{self.what}: the collective was dropped (its process group was destroyed)")
@@ -297,20 +294,28 @@ async def broadcast(t: runtime.Tensor, src: int = 0, group: ProcessGroup | None 
     return await broadcast_nowait(t, src, group)  # type: ignore[no-any-return]
 
 
+def _rank_list(
+    what: str, name: str, tensors: Sequence[Any], g: ProcessGroup, like: runtime.Tensor, like_name: str
+) -> list[runtime.Tensor]:
+    """``tensors`` (one per rank of ``g``) as Tensors, each checked to have ``like``'s shape and dtype."""
+    out = [_tensor(x, what) for x in tensors]
+    if len(out) != g.size:
+        raise ValueError(f"{what}: {name} has {len(out)} tensors but group {g.name} has {g.size} ranks")
+    for i, x in enumerate(out):
+        if x.shape != like.shape or x.dtype != like.dtype:
+            raise ValueError(
+                f"{what}: {name}[{i}] has shape {x.shape}, dtype {x.dtype} but the {like_name} has shape "
+                f"{like.shape}, dtype {like.dtype}; they must match"
+            )
+    return out
+
+
 def all_gather_nowait(tensor_list: list[runtime.Tensor], t: runtime.Tensor, group: ProcessGroup | None = None) -> Work:
     """Issue an all-gather: ``tensor_list[r]`` gets rank r's ``t``; the `Work`'s result is ``tensor_list``."""
     what = "all_gather"
     t = _tensor(t, what)
     g = resolve_group(group, what)
-    outs = [_tensor(o, what) for o in tensor_list]
-    if len(outs) != g.size:
-        raise ValueError(f"all_gather: tensor_list has {len(outs)} tensors but group {g.name} has {g.size} ranks")
-    for i, o in enumerate(outs):
-        if o.shape != t.shape or o.dtype != t.dtype:
-            raise ValueError(
-                f"all_gather: tensor_list[{i}] has shape {o.shape}, dtype {o.dtype} but the input has shape "
-                f"{t.shape}, dtype {t.dtype}; they must match"
-            )
+    outs = _rank_list(what, "tensor_list", tensor_list, g, t, "input")
     comm = g.comm
 
     def body(arr: np.ndarray, *out_arrs: np.ndarray, deadline: float) -> None:
@@ -342,17 +347,9 @@ def reduce_scatter_nowait(
     what = "reduce_scatter"
     output = _tensor(output, what)
     g = resolve_group(group, what)
-    ins = [_tensor(x, what) for x in input_list]
+    ins = _rank_list(what, "input_list", input_list, g, output, "output")
     mop = mpi_op(op, what)
     avg = op in ("avg", "mean")
-    if len(ins) != g.size:
-        raise ValueError(f"reduce_scatter: input_list has {len(ins)} tensors but group {g.name} has {g.size} ranks")
-    for i, x in enumerate(ins):
-        if x.shape != output.shape or x.dtype != output.dtype:
-            raise ValueError(
-                f"reduce_scatter: input_list[{i}] has shape {x.shape}, dtype {x.dtype} but the output has "
-                f"shape {output.shape}, dtype {output.dtype}; they must match"
-            )
     comm = g.comm
 
     def body(out: np.ndarray, *in_arrs: np.ndarray, deadline: float) -> None:

@@ -250,10 +250,17 @@ class Connection:
         if self._drained:  # the last read took all there was: wait first (saves a failing read)
             self._drained = False
             await self._wait_readable()
+        room = len(self._rbuf) - self._rend
+        n = await self._recv_some(self._rview[self._rend :])
+        self._rend += n
+        self.bytes_received += n
+        self._drained = n < room
+
+    async def _recv_some(self, view: memoryview) -> int:
+        """Receive at least one byte into ``view`` (waiting for the socket as needed); how many."""
         while True:
-            room = len(self._rbuf) - self._rend
             try:
-                n = self._recv(self._rview[self._rend :])
+                n = self._recv(view)
             except BlockingIOError:
                 await self._wait_readable()
                 continue
@@ -264,10 +271,7 @@ class Connection:
                 raise ConnectionClosed(f"the connection to {self.peer} broke: {e}") from e
             if n == 0:
                 raise ConnectionClosed(f"{self.peer} closed the connection")
-            self._rend += n
-            self.bytes_received += n
-            self._drained = n < room
-            return
+            return n
 
     async def _wait_readable(self) -> None:
         self.waits += 1
@@ -329,22 +333,7 @@ class Connection:
             got = k
         while got < need:
             if need - got >= _DIRECT:
-                try:
-                    n = self._recv(dest[got:])
-                except BlockingIOError:
-                    self.waits += 1
-                    try:
-                        await trio.lowlevel.wait_readable(self._sock)
-                    except trio.ClosedResourceError:
-                        raise ConnectionClosed(f"the connection to {self.peer} is closed") from self.error
-                    continue
-                except InterruptedError:
-                    continue
-                except OSError as e:
-                    self._broken(e)
-                    raise ConnectionClosed(f"the connection to {self.peer} broke: {e}") from e
-                if n == 0:
-                    raise ConnectionClosed(f"{self.peer} closed the connection")
+                n = await self._recv_some(dest[got:])
                 got += n
                 self.bytes_received += n
             else:

@@ -21,7 +21,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import trio
@@ -34,6 +34,8 @@ from ._errors import AuthenticationError, ProtocolError, error_from_wire, error_
 from ._wire import Encoded, RRefMarker, decode, encode, plain, read_table
 
 log = logging.getLogger("asyncgrad.distributed")
+
+_V = TypeVar("_V")
 
 # message kinds (the first item of every message)
 CALL = 1  # [CALL, id, target, args, kwargs]
@@ -224,19 +226,23 @@ def statistics_from_wire(d: dict[str, Any]) -> _streams.RPCStatistics:
     return _streams.RPCStatistics(**d, pool=DeviceStatistics(**pool) if pool is not None else None)
 
 
+def _remember(cache: dict[Any, _V], fn: Any, value: _V) -> _V:
+    """``value``, kept in the bounded per-function ``cache`` (4096 entries; unhashable ``fn``s are not)."""
+    try:
+        if len(cache) < 4096:
+            cache[fn] = value
+    except TypeError:  # unhashable
+        pass
+    return value
+
+
 def target_of(fn: Any) -> str:
     """The name a function (or class) is sent by: ``module:qualified.name``. Never pickled."""
     try:
         return _target_names[fn]
     except (KeyError, TypeError):
         pass
-    name = _target_of(fn)
-    try:
-        if len(_target_names) < 4096:
-            _target_names[fn] = name
-    except TypeError:  # unhashable
-        pass
-    return name
+    return _remember(_target_names, fn, _target_of(fn))
 
 
 _target_names: dict[Any, str] = {}
@@ -819,12 +825,7 @@ def _is_async(fn: Any, node: Node) -> bool:
     flag = inspect.iscoroutinefunction(fn) or (
         not inspect.isroutine(fn) and not isinstance(fn, type) and inspect.iscoroutinefunction(type(fn).__call__)
     )
-    try:
-        if len(cache) < 4096:
-            cache[fn] = flag
-    except TypeError:  # unhashable
-        pass
-    return flag
+    return _remember(cache, fn, flag)
 
 
 def _only_cancelled(eg: BaseExceptionGroup) -> bool:

@@ -407,13 +407,7 @@ def read_table(
         dts, shape, strides, nbytes = entry[:4]
         segment = entry[4] if len(entry) == 5 else None
         if not (
-            type(dts) is str
-            and len(dts) <= 8
-            and type(shape) is list
-            and type(strides) is list
-            and len(shape) == len(strides) <= MAX_NDIM
-            and _ints(shape, 0)
-            and _ints(strides, None)
+            _array_header(dts, shape, strides)
             and type(nbytes) is int
             and (segment is None or (type(segment) is int and segment >= nbytes))
         ):
@@ -468,6 +462,19 @@ def _dtype(dts: str) -> np.dtype[Any]:
         if len(_dtypes) < 256:
             _dtypes[dts] = dt
     return dt
+
+
+def _array_header(dts: Any, shape: Any, strides: Any) -> bool:
+    """Whether a received (dtype string, shape, strides) has the types and sizes an array's can have."""
+    return (
+        type(dts) is str
+        and len(dts) <= 8
+        and type(shape) is list
+        and type(strides) is list
+        and len(shape) == len(strides) <= MAX_NDIM
+        and _ints(shape, 0)
+        and _ints(strides, None)
+    )
 
 
 def _ints(xs: list[Any], low: int | None) -> bool:
@@ -531,13 +538,7 @@ class _ExtHook:
             type(slot) is int
             and slot == len(self.inlined)
             and kind in (0, 1, 2)
-            and type(dts) is str
-            and len(dts) <= 8
-            and type(shape) is list
-            and type(strides) is list
-            and len(shape) == len(strides) <= MAX_NDIM
-            and _ints(shape, 0)
-            and _ints(strides, None)
+            and _array_header(dts, shape, strides)
             and type(raw) is bytes
         ):
             raise ProtocolError("a malformed inline value")

@@ -654,7 +654,21 @@ class Conv2d(Module):
         return _conv_extra_repr(self, {"padding": ((0, 0), "valid"), "dilation": ((1, 1),)})
 
 
-class MaxPool2d(Module):
+class _Pool2d(Module):
+    """What the 2-d pooling layers share: the window (``stride`` defaults to ``kernel_size``) and its repr."""
+
+    def __init__(self, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+        self.ceil_mode = ceil_mode
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxPool2d(_Pool2d):
     """2-D max pooling (``stride`` defaults to ``kernel_size``)."""
 
     def __init__(
@@ -666,13 +680,9 @@ class MaxPool2d(Module):
         return_indices: bool = False,
         ceil_mode: bool = False,
     ) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding = padding
+        super().__init__(kernel_size, stride, padding, ceil_mode)
         self.dilation = dilation
         self.return_indices = return_indices
-        self.ceil_mode = ceil_mode
 
     def forward(self, input: Tensor) -> Any:
         kw: dict[str, Any] = {}
@@ -684,11 +694,8 @@ class MaxPool2d(Module):
             kw["return_indices"] = True
         return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, **kw)
 
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
-
-class AvgPool2d(Module):
+class AvgPool2d(_Pool2d):
     """2-D average pooling (``stride`` defaults to ``kernel_size``)."""
 
     def __init__(
@@ -699,11 +706,7 @@ class AvgPool2d(Module):
         ceil_mode: bool = False,
         count_include_pad: bool = True,
     ) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding = padding
-        self.ceil_mode = ceil_mode
+        super().__init__(kernel_size, stride, padding, ceil_mode)
         self.count_include_pad = count_include_pad
 
     def forward(self, input: Tensor) -> Tensor:
@@ -713,9 +716,6 @@ class AvgPool2d(Module):
         if not self.count_include_pad:
             kw["count_include_pad"] = False
         return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, **kw)
-
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
 # ---- activations -------------------------------------------------------------------------------

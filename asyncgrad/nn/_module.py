@@ -14,7 +14,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..runtime import HookTable, RemovableHandle, Tensor, add_hook, current_runtime, get_default_dtype, no_grad
+from ..runtime import (
+    HookTable,
+    RemovableHandle,
+    Tensor,
+    add_hook,
+    current_runtime,
+    get_default_dtype,
+    no_grad,
+    zero_grads,
+)
 
 __all__ = ["Module", "Parameter", "load_state_dict_file", "save_state_dict"]
 
@@ -383,14 +392,7 @@ class Module:
             set_to_none: Set ``.grad`` to None (default) instead of filling it with zeros; zeroing runs
                 in stream order, after the work that produced the gradient.
         """
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                with no_grad():
-                    p.grad.detach_().zero_()
+        zero_grads(self.parameters(), set_to_none)
 
     # ---- devices and dtypes ---------------------------------------------------------------------
 

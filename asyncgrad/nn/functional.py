@@ -109,32 +109,31 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     return _gelu_op(input, approximate)
 
 
-def _implicit_dim(name: str, ndim: int) -> int:
-    # PyTorch's legacy choice when no dim is given: 0 for 0-, 1- and 3-dim inputs, else 1
-    warnings.warn(
-        f"{name}() without dim picks a dim the old PyTorch way (0 for 0-, 1- and 3-dim inputs, else 1), "
-        "which is deprecated there too; pass dim explicitly",
-        UserWarning,
-        stacklevel=3,
-    )
-    return 0 if ndim in (0, 1, 3) else 1
+def _softmax_args(name: str, input: Tensor, dim: int | None, dtype: Any) -> tuple[Tensor, int]:
+    """``input`` cast to ``dtype`` (if given) and the dim to work along."""
+    if dim is None:
+        # PyTorch's legacy choice when no dim is given: 0 for 0-, 1- and 3-dim inputs, else 1
+        warnings.warn(
+            f"{name}() without dim picks a dim the old PyTorch way (0 for 0-, 1- and 3-dim inputs, else 1), "
+            "which is deprecated there too; pass dim explicitly",
+            UserWarning,
+            stacklevel=3,
+        )
+        dim = 0 if input.ndim in (0, 1, 3) else 1
+    if dtype is not None:
+        input = input.to(dtype=dtype)
+    return input, dim
 
 
 def softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Tensor:
     """Softmax along ``dim`` (without it, PyTorch's deprecated implicit choice, with a warning)."""
-    if dim is None:
-        dim = _implicit_dim("softmax", input.ndim)
-    if dtype is not None:
-        input = input.to(dtype=dtype)
+    input, dim = _softmax_args("softmax", input, dim, dtype)
     return _ops.softmax(input, dim)
 
 
 def log_softmax(input: Tensor, dim: int | None = None, dtype: Any = None) -> Tensor:
     """Log-softmax along ``dim``, computed stably (without ``dim``: as `softmax`)."""
-    if dim is None:
-        dim = _implicit_dim("log_softmax", input.ndim)
-    if dtype is not None:
-        input = input.to(dtype=dtype)
+    input, dim = _softmax_args("log_softmax", input, dim, dtype)
     return _ops.log_softmax(input, dim)
 
 

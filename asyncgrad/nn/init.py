@@ -207,6 +207,12 @@ def xavier_normal_(tensor: Tensor, gain: float = 1.0, generator: np.random.Gener
     return normal_(tensor, 0.0, std, generator)
 
 
+def _kaiming_std(tensor: Tensor, a: float, mode: str, nonlinearity: str) -> float:
+    """He's ``std = gain / sqrt(fan)``."""
+    fan = _calculate_correct_fan(tensor, mode)
+    return calculate_gain(nonlinearity, a) / math.sqrt(fan)
+
+
 def kaiming_uniform_(
     tensor: Tensor,
     a: float = 0.0,
@@ -220,10 +226,7 @@ def kaiming_uniform_(
     """
     if 0 in tensor.shape:
         return tensor
-    fan = _calculate_correct_fan(tensor, mode)
-    gain = calculate_gain(nonlinearity, a)
-    std = gain / math.sqrt(fan)
-    bound = math.sqrt(3.0) * std
+    bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
     return uniform_(tensor, -bound, bound, generator)
 
 
@@ -237,9 +240,7 @@ def kaiming_normal_(
     """He normal: N(0, std^2) with ``std = gain / sqrt(fan)``."""
     if 0 in tensor.shape:
         return tensor
-    fan = _calculate_correct_fan(tensor, mode)
-    gain = calculate_gain(nonlinearity, a)
-    return normal_(tensor, 0.0, gain / math.sqrt(fan), generator)
+    return normal_(tensor, 0.0, _kaiming_std(tensor, a, mode, nonlinearity), generator)
 
 
 def orthogonal_(tensor: Tensor, gain: float = 1.0, generator: np.random.Generator | None = None) -> Tensor:

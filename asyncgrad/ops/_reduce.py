@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import builtins
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..runtime._dispatch import apply
 from ..runtime._meta import _dim, _float_check
-from ..runtime._op import OpError, defop
+from ..runtime._op import Op, OpError, defop
 from ..runtime._promote import to_float
 from ..runtime._tensor import Tensor
 from ..runtime._xp import AG, NP, register_xp
@@ -198,28 +199,28 @@ def _single_dim(op: str, x: Tensor, dim: Any) -> tuple[int, ...]:
     return axes
 
 
+def _extreme(
+    op: str, x: Tensor, dim: Any, keepdim: bool, pairwise: Callable[[Tensor, Tensor], Tensor], whole: Op,
+    values: Op, indices: Op,
+) -> Any:
+    """`max` or `min`: over all of ``x`` (``whole``), over ``dim`` with indices, or with another tensor."""
+    if isinstance(dim, Tensor):
+        return pairwise(x, dim)
+    if dim is None:
+        return apply(whole, (x,), {"axis": None, "keepdims": False})
+    axes = _single_dim(op, x, dim)
+    kw = {"axis": axes, "keepdims": bool(keepdim)}
+    return MaxResult(apply(values, (x,), kw), apply(indices, (x,), kw))
+
+
 def max(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     """``max(x)``: the largest element; ``max(x, dim)``: (values, indices); ``max(x, y)``: maximum."""
-    if isinstance(dim, Tensor):
-
-        return maximum(x, dim)
-    if dim is None:
-        return apply(OP_AMAX, (x,), {"axis": None, "keepdims": False})
-    axes = _single_dim("max", x, dim)
-    kw = {"axis": axes, "keepdims": bool(keepdim)}
-    return MaxResult(apply(OP_MAX_DIM, (x,), kw), apply(OP_ARGMAX, (x,), kw))
+    return _extreme("max", x, dim, keepdim, maximum, OP_AMAX, OP_MAX_DIM, OP_ARGMAX)
 
 
 def min(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     """``min(x)``: the smallest element; ``min(x, dim)``: (values, indices); ``min(x, y)``: minimum."""
-    if isinstance(dim, Tensor):
-
-        return minimum(x, dim)
-    if dim is None:
-        return apply(OP_AMIN, (x,), {"axis": None, "keepdims": False})
-    axes = _single_dim("min", x, dim)
-    kw = {"axis": axes, "keepdims": bool(keepdim)}
-    return MaxResult(apply(OP_MIN_DIM, (x,), kw), apply(OP_ARGMIN, (x,), kw))
+    return _extreme("min", x, dim, keepdim, minimum, OP_AMIN, OP_MIN_DIM, OP_ARGMIN)
 
 
 def amax(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:

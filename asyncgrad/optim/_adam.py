@@ -10,7 +10,7 @@ import numpy as np
 
 from ..runtime import Tensor
 from ._optimizer import Optimizer, count_step, fused_update, state_like
-from ._port_common import adam_family_hypers, lerp_
+from ._port_common import adam_family_hypers, grad_term, lerp_
 
 __all__ = ["Adam", "AdamW"]
 
@@ -101,12 +101,7 @@ class Adam(Optimizer):
                 v.fill(0)
                 if vmax is not None:
                     vmax.fill(0)
-            d = -ga if maximize else ga
-            if wd != 0.0:
-                if decoupled:
-                    pa *= 1.0 - lr * wd
-                else:
-                    d = d + wd * pa
+            d = grad_term(pa, ga, maximize, wd, lr, decoupled)
             lerp_(m, d, 1.0 - beta1)
             v *= beta2
             v += (1.0 - beta2) * (d * d)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import Tensor, empty_like_contract, inplace, no_grad
+from ..runtime import Tensor, empty_like_contract, inplace, no_grad, zero_grads
 from ._port_common import check_hyper
 
 __all__ = ["Optimizer", "count_step", "fused_update", "state_like"]
@@ -172,15 +172,7 @@ class Optimizer:
         Args:
             set_to_none: Set ``.grad`` to None (default) instead of filling it with zeros in stream order.
         """
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    with no_grad():
-                        p.grad.detach_().zero_()
+        zero_grads((p for g in self.param_groups for p in g["params"]), set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Queue one update of every parameter that has a gradient (see the module docstring).

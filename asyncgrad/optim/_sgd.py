@@ -10,6 +10,7 @@ import numpy as np
 from ..devices import add_scaled
 from ..runtime import Tensor
 from ._optimizer import Optimizer, fused_update, required, state_like
+from ._port_common import grad_term
 
 __all__ = ["SGD"]
 
@@ -80,9 +81,7 @@ class SGD(Optimizer):
         if momentum == 0.0:
 
             def plain(pa: np.ndarray, ga: np.ndarray) -> None:
-                d = -ga if maximize else ga
-                if wd != 0.0:
-                    d = d + wd * pa
+                d = grad_term(pa, ga, maximize, wd)
                 add_scaled(pa, -lr, d)  # one pass over memory where BLAS can
 
             fused_update(p, plain, g)
@@ -93,9 +92,7 @@ class SGD(Optimizer):
             buf = state["momentum_buffer"] = state_like(p)
 
         def with_momentum(pa: np.ndarray, ga: np.ndarray, ba: np.ndarray) -> None:
-            d = -ga if maximize else ga
-            if wd != 0.0:
-                d = d + wd * pa
+            d = grad_term(pa, ga, maximize, wd)
             if first:
                 np.copyto(ba, d)
             else:

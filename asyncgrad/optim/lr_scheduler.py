@@ -884,20 +884,13 @@ class ReduceLROnPlateau(LRScheduler):
             raise TypeError(f"ReduceLROnPlateau needs an asyncgrad.optim.Optimizer, got {type(optimizer).__name__}")
         if factor >= 1.0:
             raise ValueError(f"ReduceLROnPlateau factor must be < 1 (it reduces the lr), got {factor}")
-        if mode not in ("min", "max"):
-            raise ValueError(f"ReduceLROnPlateau mode must be 'min' or 'max', got {mode!r}")
-        if threshold_mode not in ("rel", "abs"):
-            raise ValueError(f"threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}")
+        self._init_is_better(mode, threshold, threshold_mode)
         self.optimizer = optimizer
         self.min_lrs = [float(v) for v in _per_group("min_lr", optimizer, min_lr)]
         self.factor = factor
         self.patience = patience
-        self.threshold = threshold
-        self.threshold_mode = threshold_mode
         self.cooldown = cooldown
         self.eps = eps
-        self.mode = mode
-        self.mode_worse = math.inf if mode == "min" else -math.inf
         self.best = self.mode_worse
         self.num_bad_epochs = 0
         self.cooldown_counter = 0
@@ -909,6 +902,17 @@ class ReduceLROnPlateau(LRScheduler):
     def in_cooldown(self) -> bool:
         """Whether reductions are paused after the last one."""
         return self.cooldown_counter > 0
+
+    def _init_is_better(self, mode: str, threshold: float, threshold_mode: str) -> None:
+        """Check and keep what `_improves` compares by (PyTorch's method of the same name)."""
+        if mode not in ("min", "max"):
+            raise ValueError(f"ReduceLROnPlateau mode must be 'min' or 'max', got {mode!r}")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}")
+        self.mode = mode
+        self.threshold = threshold
+        self.threshold_mode = threshold_mode
+        self.mode_worse = math.inf if mode == "min" else -math.inf
 
     def _improves(self, value: float) -> bool:
         t = self.threshold

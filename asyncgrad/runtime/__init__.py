@@ -58,6 +58,7 @@ from ._sync_access import BLOCKED_WARN_S as BLOCKED_WARN_S
 from ._sync_access import SyncAccessWarning
 from ._sync_access import user_site as user_site
 from ._tensor import Tensor
+from ._zero_grads import zero_grads as zero_grads
 
 
 def is_tensor(obj: object) -> bool:

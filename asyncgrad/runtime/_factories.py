@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -208,19 +208,32 @@ def arange(
     return _finish(arr, device, requires_grad, "asyncgrad.arange")
 
 
+def _sample(
+    draw: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray], shape: tuple[int, ...], dt: np.dtype[Any],
+    device: Any, requires_grad: bool, generator: np.random.Generator | None, what: str,
+) -> Tensor:
+    """``draw(generator, shape)`` as ``dt``; a large draw runs on a lane from a child generator."""
+    g = generator or default_generator()
+    if big(shape, dt):
+        c = child_generator(g)
+        return on_lane(lambda: draw(c, shape), shape, dt, device, requires_grad, what)
+    return _finish(draw(g, shape).astype(dt, copy=False), device, requires_grad, what)
+
+
+def _normal(g: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return g.standard_normal(shape, dtype=np.float64)
+
+
+def _uniform(g: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return g.random(shape)
+
+
 def randn(
     *size: Any, dtype: Any = None, device: Any = "cpu", requires_grad: bool = False,
     generator: np.random.Generator | None = None,
 ) -> Tensor:
     """Standard normal samples."""
-    g = generator or default_generator()
-    shape, dt = _shape(size), _dt(dtype)
-    if big(shape, dt):
-        c = child_generator(g)
-        return on_lane(lambda: c.standard_normal(shape, dtype=np.float64), shape, dt, device, requires_grad,
-                       "asyncgrad.randn")
-    arr = g.standard_normal(shape, dtype=np.float64).astype(dt, copy=False)
-    return _finish(arr, device, requires_grad, "asyncgrad.randn")
+    return _sample(_normal, _shape(size), _dt(dtype), device, requires_grad, generator, "asyncgrad.randn")
 
 
 def rand(
@@ -228,13 +241,7 @@ def rand(
     generator: np.random.Generator | None = None,
 ) -> Tensor:
     """Uniform samples in [0, 1)."""
-    g = generator or default_generator()
-    shape, dt = _shape(size), _dt(dtype)
-    if big(shape, dt):
-        c = child_generator(g)
-        return on_lane(lambda: c.random(shape), shape, dt, device, requires_grad, "asyncgrad.rand")
-    arr = g.random(shape).astype(dt, copy=False)
-    return _finish(arr, device, requires_grad, "asyncgrad.rand")
+    return _sample(_uniform, _shape(size), _dt(dtype), device, requires_grad, generator, "asyncgrad.rand")
 
 
 def zeros_like(t: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
@@ -275,16 +282,8 @@ def randn_like(
     generator: np.random.Generator | None = None,
 ) -> Tensor:
     """Standard normal samples with ``t``'s shape, dtype and device."""
-    g = generator or default_generator()
     dt = t.dtype if dtype is None else np.dtype(dtype)
-    if big(t.shape, dt):
-        c = child_generator(g)
-        shape = t.shape
-        return on_lane(lambda: c.standard_normal(shape, dtype=np.float64), shape, dt, _like_dev(t, device),
-                       requires_grad, "asyncgrad.randn_like")
-    arr = g.standard_normal(t.shape, dtype=np.float64).astype(t.dtype if dtype is None else np.dtype(dtype))
-    out = Tensor._wrap(arr, _like_dev(t, device))
-    return out.requires_grad_(True) if requires_grad else out
+    return _sample(_normal, t.shape, dt, _like_dev(t, device), requires_grad, generator, "asyncgrad.randn_like")
 
 
 def rand_like(
@@ -292,16 +291,8 @@ def rand_like(
     generator: np.random.Generator | None = None,
 ) -> Tensor:
     """Uniform samples in [0, 1) with ``t``'s shape, dtype and device."""
-    g = generator or default_generator()
     dt = t.dtype if dtype is None else np.dtype(dtype)
-    if big(t.shape, dt):
-        c = child_generator(g)
-        shape = t.shape
-        return on_lane(lambda: c.random(shape), shape, dt, _like_dev(t, device), requires_grad,
-                       "asyncgrad.rand_like")
-    arr = g.random(t.shape).astype(t.dtype if dtype is None else np.dtype(dtype))
-    out = Tensor._wrap(arr, _like_dev(t, device))
-    return out.requires_grad_(True) if requires_grad else out
+    return _sample(_uniform, t.shape, dt, _like_dev(t, device), requires_grad, generator, "asyncgrad.rand_like")
 
 
 def randint(

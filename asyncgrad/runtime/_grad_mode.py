@@ -144,11 +144,7 @@ class set_grad_enabled(_GradMode):
         self._before = _grad_enabled.get()
         _grad_enabled.set(self._flag)
 
-    def __enter__(self) -> None:
-        # the mode was already set by __init__; remember what to restore
-        self._push(_grad_enabled.get())
-        _grad_enabled.set(self._flag)
-
+    # entering (`_GradMode.__enter__`) sets the mode again, which __init__ already set
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:

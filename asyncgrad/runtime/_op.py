@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import numpy as np
 
 Rule = Callable[..., tuple[Any, ...]]
@@ -30,51 +31,46 @@ _FLOAT_DTYPES = frozenset(d for d in _NUMERIC_DTYPES if d.kind == "f")
 
 
 
+@attrs.define(eq=False, repr=False)
 class Op:
-    """A differentiable (or not) operation: kernel, meta and backward rule, registered by name."""
+    """A differentiable (or not) operation: kernel, meta and backward rule, registered by name.
 
-    __slots__ = (
-        "any_kind", "cast_in", "fast_dtypes", "fast_kinds", "fills_out", "kernel", "meta", "name", "rule",
-        "save_out", "saves", "saves0", "saves_none", "view",
-    )
+    Built by `defop`; the fields after ``saves`` are derived from the others for the per-op fast paths.
+    """
 
-    def __init__(
-        self,
-        name: str,
-        kernel: Callable[..., Any],
-        meta: Callable[..., tuple[tuple[int, ...], np.dtype[Any]]],
-        rule: Rule | None = None,
-        save_out: bool = False,
-        cast_in: bool = False,
-        fast_kinds: str = "",
-        saves: tuple[int, ...] | None = None,
-        view: bool = False,
-    ) -> None:
-        self.name = name
-        # the kernel returns a view of arg 0 (reshape, permute, ...): the output shares its version counter
-        self.view = view
-        self.kernel = kernel
-        self.meta = meta
-        self.rule = rule
-        self.save_out = save_out
-        # the positional args whose values the rule reads (None: every tensor arg, the safe default): their
-        # versions are recorded with the node and checked before its backward runs (PyTorch's "modified by
-        # an inplace operation"); () for rules that read only shapes, dtypes or devices
-        self.saves = saves
-        self.saves_none = saves == ()
-        self.saves0 = saves is None or 0 in saves  # reads arg 0 (the fast initialisers' one tensor)
-        # the kernel computes in the result dtype: array operands of another dtype are cast first
-        # (int / 2 divides in float32 like PyTorch, instead of in float64 and casting the result)
-        self.cast_in = cast_in
-        # elementwise ops (`apply1`/`apply2`): the dtype kinds for which the kernel, given operands of
-        # one dtype (or a Python int/bool, or for "f"/"c" any Python number), already returns PyTorch's
-        # result dtype, so the inline fast paths may skip the meta function
-        self.fast_kinds = fast_kinds
-        # the same as dtypes: a set lookup costs half of `dtype.kind in fast_kinds` on the per-op path
-        self.fast_dtypes = frozenset(d for d in _NUMERIC_DTYPES if d.kind in fast_kinds)
-        self.any_kind = fast_kinds == "biufc"  # then same-dtype operands skip the dtype test
-        # a ufunc can write a large result into a buffer from the lane's host cache (see `_enqueue`)
-        self.fills_out = isinstance(kernel, np.ufunc)
+    name: str
+    kernel: Callable[..., Any]
+    meta: Callable[..., tuple[tuple[int, ...], np.dtype[Any]]]
+    rule: Rule | None = None
+    save_out: bool = False
+    # the kernel computes in the result dtype: array operands of another dtype are cast first
+    # (int / 2 divides in float32 like PyTorch, instead of in float64 and casting the result)
+    cast_in: bool = False
+    # elementwise ops (`apply1`/`apply2`): the dtype kinds for which the kernel, given operands of
+    # one dtype (or a Python int/bool, or for "f"/"c" any Python number), already returns PyTorch's
+    # result dtype, so the inline fast paths may skip the meta function
+    fast_kinds: str = ""
+    # the positional args whose values the rule reads (None: every tensor arg, the safe default): their
+    # versions are recorded with the node and checked before its backward runs (PyTorch's "modified by
+    # an inplace operation"); () for rules that read only shapes, dtypes or devices
+    saves: tuple[int, ...] | None = None
+    # the kernel returns a view of arg 0 (reshape, permute, ...): the output shares its version counter
+    view: bool = False
+    saves_none: bool = attrs.field(init=False)
+    saves0: bool = attrs.field(init=False)  # reads arg 0 (the fast initialisers' one tensor)
+    # the same as ``fast_kinds`` as dtypes: a set lookup costs half of `dtype.kind in fast_kinds` on the
+    # per-op path
+    fast_dtypes: frozenset[np.dtype[Any]] = attrs.field(init=False)
+    any_kind: bool = attrs.field(init=False)  # then same-dtype operands skip the dtype test
+    # a ufunc can write a large result into a buffer from the lane's host cache (see `_enqueue`)
+    fills_out: bool = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.saves_none = self.saves == ()
+        self.saves0 = self.saves is None or 0 in self.saves
+        self.fast_dtypes = frozenset(d for d in _NUMERIC_DTYPES if d.kind in self.fast_kinds)
+        self.any_kind = self.fast_kinds == "biufc"
+        self.fills_out = isinstance(self.kernel, np.ufunc)
 
     def __repr__(self) -> str:
         return f"<Op {self.name}>"
@@ -100,7 +96,9 @@ def defop(
     """Register an op in the table (one entry per name; rules live next to their forwards)."""
     if name in OPS:
         raise ValueError(f"op {name!r} is already registered")
-    op = OPS[name] = Op(name, kernel, meta, rule, save_out, cast_in, fast_kinds, saves, view)
+    op = OPS[name] = Op(
+        name, kernel, meta, rule, save_out=save_out, cast_in=cast_in, fast_kinds=fast_kinds, saves=saves, view=view
+    )
     return op
 
 

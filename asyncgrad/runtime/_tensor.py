@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import copy
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,6 +16,16 @@ from ._runtime import _task_streams, current_runtime
 from ._sync_access import blocking_wait
 
 _INDEX_TYPES = (int, slice, type(None), type(Ellipsis), np.integer)
+
+
+def _cast_method(dtype: Any) -> Callable[[Tensor], Tensor]:
+    """A Tensor method returning the tensor converted to ``dtype`` (``float``, ``long``, ...)."""
+
+    def cast(self: Tensor) -> Tensor:
+        return self.to(dtype=dtype)
+
+    cast.__doc__ = f"This tensor converted to {np.dtype(dtype).name}."
+    return cast
 
 
 class Tensor:
@@ -359,23 +369,12 @@ class Tensor:
         self._rg = False
         return self
 
-    def float(self) -> Tensor:
-        return self.to(dtype=np.float32)
-
-    def double(self) -> Tensor:
-        return self.to(dtype=np.float64)
-
-    def half(self) -> Tensor:
-        return self.to(dtype=np.float16)
-
-    def long(self) -> Tensor:
-        return self.to(dtype=np.int64)
-
-    def int(self) -> Tensor:
-        return self.to(dtype=np.int32)
-
-    def bool(self) -> Tensor:
-        return self.to(dtype=np.bool_)
+    float = _cast_method(np.float32)
+    double = _cast_method(np.float64)
+    half = _cast_method(np.float16)
+    long = _cast_method(np.int64)
+    int = _cast_method(np.int32)
+    bool = _cast_method(np.bool_)
 
     def type_as(self, other: Tensor) -> Tensor:
         """This tensor converted to ``other``'s dtype."""

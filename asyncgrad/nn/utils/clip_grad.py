@@ -9,15 +9,19 @@ the in-place scaling of each ``.grad``. Nothing waits on the host unless ``error
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
 from ...ops import clamp, isfinite, norm, stack
 from ...runtime import Tensor, no_grad, tensor
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 __all__ = ["clip_grad_norm", "clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm"]
 
@@ -125,20 +129,24 @@ def clip_grad_norm_(
     return total_norm
 
 
-def clip_grad_norm(
-    parameters: Tensor | Iterable[Tensor],
-    max_norm: float,
-    norm_type: float = 2.0,
-    error_if_nonfinite: bool = False,
-    foreach: bool | None = None,
-) -> Tensor:
-    """Deprecated alias of `clip_grad_norm_` (as in PyTorch)."""
-    warnings.warn(
-        "`asyncgrad.nn.utils.clip_grad_norm` is now deprecated in favor of `asyncgrad.nn.utils.clip_grad_norm_`.",
-        FutureWarning,
-        stacklevel=2,
-    )
-    return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
+def _deprecated_alias(fn: Callable[_P, _R], name: str) -> Callable[_P, _R]:
+    """``fn`` under its old name ``name``, warning (FutureWarning, as PyTorch) at each call."""
+
+    @functools.wraps(fn)
+    def alias(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        warnings.warn(
+            f"`asyncgrad.nn.utils.{name}` is now deprecated in favor of `asyncgrad.nn.utils.{fn.__name__}`.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return fn(*args, **kwargs)
+
+    alias.__name__ = alias.__qualname__ = name
+    alias.__doc__ = f"Deprecated alias of `{fn.__name__}` (as in PyTorch)."
+    return alias
+
+
+clip_grad_norm = _deprecated_alias(clip_grad_norm_, "clip_grad_norm")
 
 
 def clip_grad_value_(

@@ -8,7 +8,7 @@ together; the loader's ``async for`` runs the middle one on its prefetch thread.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,20 +20,26 @@ __all__ = ["collate_arrays", "default_collate", "default_convert", "to_arrays", 
 _ERR = "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
 
 
-def to_arrays(x: Any) -> Any:
-    """``x`` with every Tensor replaced by its numpy array (waits for pending values)."""
-    if isinstance(x, Tensor):
-        return np.asarray(x)
+def _map_leaves(x: Any, kind: type, fn: Callable[[Any], Any]) -> Any:
+    """``x`` with every ``kind`` inside it (through mappings, named tuples, lists, tuples) replaced by
+    ``fn`` of it; everything else kept as it is."""
+    if isinstance(x, kind):
+        return fn(x)
     if isinstance(x, (str, bytes)) or x is None:
         return x
     if isinstance(x, Mapping):
-        out = {k: to_arrays(v) for k, v in x.items()}
+        out = {k: _map_leaves(v, kind, fn) for k, v in x.items()}
         return out if type(x) is dict else _remake(x, out)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(to_arrays(v) for v in x))
+        return type(x)(*(_map_leaves(v, kind, fn) for v in x))
     if isinstance(x, (list, tuple)):
-        return type(x)(to_arrays(v) for v in x)
+        return type(x)(_map_leaves(v, kind, fn) for v in x)
     return x
+
+
+def to_arrays(x: Any) -> Any:
+    """``x`` with every Tensor replaced by its numpy array (waits for pending values)."""
+    return _map_leaves(x, Tensor, np.asarray)
 
 
 def _remake(proto: Any, d: dict[Any, Any]) -> Any:
@@ -93,18 +99,7 @@ def collate_arrays(batch: Sequence[Any]) -> Any:
 
 def to_tensors(x: Any) -> Any:
     """``x`` with every numpy array replaced by a Tensor sharing its memory."""
-    if isinstance(x, np.ndarray):
-        return from_numpy(x)
-    if isinstance(x, (str, bytes)) or x is None:
-        return x
-    if isinstance(x, Mapping):
-        out = {k: to_tensors(v) for k, v in x.items()}
-        return out if type(x) is dict else _remake(x, out)
-    if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(to_tensors(v) for v in x))
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_tensors(v) for v in x)
-    return x
+    return _map_leaves(x, np.ndarray, from_numpy)
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
