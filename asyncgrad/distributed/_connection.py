@@ -37,7 +37,7 @@ MAX_SEGMENTS = 64  # shared segments passed with one frame (the rest of its buff
 _CMSG_SPACE = socket.CMSG_SPACE(MAX_SEGMENTS * 4)
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)  # a plain int: an IntFlag test costs microseconds
 
-_MAGIC = b"AGRPC/1 "  # 8 bytes: protocol and version
+_MAGIC = b"AGRPC/2 "  # 8 bytes: protocol and version (2: inline values in a binary layout)
 _CHALLENGE_BYTES = 32
 _DIGEST_BYTES = 32
 _OK = b"OK"

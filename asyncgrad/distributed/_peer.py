@@ -435,7 +435,7 @@ class Peer:
             waits = conn.waits
             try:
                 meta, table, payload_len = await conn.recv_frame_head()
-                bufs = read_table(table, payload_len, conn.take_fd if conn.fd_passing else None)
+                bufs = read_table(table, payload_len, conn.take_fd if conn.fd_passing else None) if table else []
                 for i in range(len(bufs)):
                     dest = bufs[i][0]
                     if dest is not None:  # in the byte stream (not a shared segment)
@@ -780,6 +780,8 @@ class _Served:
             value = self.peer.node.add_object(value)
         enc = encode([RESULT, self.call_id, value], describe=[("the result", value)])
         self.msg = None  # type: ignore[assignment]  # the arguments may go now
+        if not enc.tensors:  # plain values and small ready ones, packed already: nothing to stage
+            return enc, []
         if self.stream is not None:
             with use_stream(self.stream):
                 held = _streams.stage(enc, respond=True, shm=self.peer.conn.fd_passing)

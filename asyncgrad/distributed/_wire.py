@@ -54,7 +54,7 @@ EXT_BIGINT = 5  # decimal text
 EXT_COMPLEX = 6  # [real, imag]
 EXT_DTYPE = 7  # dtype str
 EXT_RREF = 8  # [owner name, object id]
-EXT_INLINE = 9  # [slot, kind (0 array, 1 tensor, 2 tensor that requires grad), dtype, shape, strides, bytes]
+EXT_INLINE = 9  # kind (0 array, 1 tensor, 2 tensor that requires grad), dtype, shape, strides, slot, bytes
 EXT_INLINE_REF = 10  # slot: the same small value again
 
 _ALLOWED_KINDS = frozenset("biufc")
@@ -139,7 +139,7 @@ def encode(msg: Any, describe: Sequence[tuple[str, Any]] = ()) -> Encoded:
     """Pack ``msg``; ``describe`` names the parts of it searched for the path of an unsupported value."""
     tensors: list[Any] = []
     index: dict[int, int] = {}
-    inlined: dict[int, tuple[Any, Any]] = {}  # small ready values packed into the message itself
+    inlined: dict[int, tuple[Any, int]] = {}  # small ready values packed into the message itself: slot
 
     def default(obj: Any) -> Any:
         t = type(obj)
@@ -149,10 +149,10 @@ def encode(msg: Any, describe: Sequence[tuple[str, Any]] = ()) -> Encoded:
             if i is None:
                 inline = inlined.get(key)
                 if inline is not None:  # sent in this message already
-                    return inline[1]
+                    return msgpack.ExtType(EXT_INLINE_REF, msgpack.packb(inline[1]))
                 ext = _inline(obj, len(inlined))
                 if ext is not None:
-                    inlined[key] = (obj, msgpack.ExtType(EXT_INLINE_REF, msgpack.packb(len(inlined))))
+                    inlined[key] = (obj, len(inlined))  # the object is kept: its id stays its own
                     return ext
                 _check_dtype(obj.dtype, obj)
                 if len(tensors) >= MAX_TENSORS:
@@ -228,7 +228,6 @@ def _inline(obj: Any, slot: int) -> Any:
         kind = 0
     if a.nbytes > _INLINE_BYTES or a.size > INLINE_MAX_ELEMENTS:
         return None
-    _check_dtype(a.dtype, obj)
     flags = a.flags
     if flags.c_contiguous:
         raw = a.tobytes()
@@ -237,8 +236,22 @@ def _inline(obj: Any, slot: int) -> Any:
     else:
         a = np.ascontiguousarray(a)
         raw = a.tobytes()
-    payload = msgpack.packb([slot, kind, a.dtype.str, a.shape, a.strides, raw], use_bin_type=True)
-    return msgpack.ExtType(EXT_INLINE, payload)
+    layout = (kind, a.dtype, a.shape, a.strides)
+    head = _inline_heads.get(layout)
+    if head is None:
+        _check_dtype(a.dtype, obj)
+        dts = a.dtype.str.encode()
+        ndim = a.ndim
+        head = _INLINE_HEAD.pack(kind, ndim, len(dts)) + dts + struct.pack(f"<{2 * ndim}q", *a.shape, *a.strides)
+        if len(_inline_heads) < 1024:
+            _inline_heads[layout] = head
+    return msgpack.ExtType(EXT_INLINE, head + _SLOT.pack(slot) + raw)
+
+
+# an inline value: kind u8, ndim u8, dtype length u8, dtype str, shape and strides (int64 each), slot u32, bytes
+_INLINE_HEAD = struct.Struct("<BBB")
+_SLOT = struct.Struct("<I")
+_inline_heads: dict[tuple[Any, ...], bytes] = {}  # the bytes before the slot, per layout (made once)
 
 
 _CACHED = 64
@@ -513,6 +526,32 @@ def decode(
 
 
 _REFS: dict[tuple[int, bytes], Any] = {}  # ext payloads of tensor references, unpacked once
+# inline values' layouts (the bytes up to the slot), checked once: (dtype, shape, strides, nbytes)
+_inline_layouts: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], tuple[int, ...], int]] = {}
+
+
+def _inline_layout(
+    data: bytes, ndim: int, dtlen: int, end: int
+) -> tuple[np.dtype[Any], tuple[int, ...], tuple[int, ...], int]:
+    try:
+        dts = data[3 : 3 + dtlen].decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("a malformed inline value") from None
+    dt = _dtype(dts)
+    dims = struct.unpack_from(f"<{2 * ndim}q", data, 3 + dtlen)
+    shape, strides = dims[:ndim], dims[ndim:]
+    if min(shape, default=0) < 0:
+        raise ProtocolError(f"an inline value of shape {list(shape)}")
+    nbytes = math.prod(shape) * dt.itemsize
+    if nbytes > _INLINE_BYTES:
+        raise ProtocolError(f"an inline value of {nbytes} bytes (at most {_INLINE_BYTES})")
+    try:  # the layout checked on a buffer of its size: it must fit, dense and non-overlapping
+        arr = np.ndarray(shape, dt, buffer=bytearray(nbytes), strides=strides)
+    except Exception as e:
+        raise ProtocolError(f"strides {list(strides)} do not fit shape {list(shape)} of {dt}: {e}") from None
+    if arr.size and not (arr.flags.c_contiguous or arr.flags.f_contiguous or is_dense_nonoverlapping(arr)):
+        raise ProtocolError(f"strides {list(strides)} of shape {list(shape)} are not dense and non-overlapping")
+    return dt, shape, strides, nbytes
 
 
 class _ExtHook:
@@ -530,28 +569,27 @@ class _ExtHook:
         self.inlined: dict[int, Any] = {}
 
     def _inline(self, data: bytes) -> Any:
-        try:
-            slot, kind, dts, shape, strides, raw = msgpack.unpackb(data, raw=False, use_list=True)
-        except Exception:
-            raise ProtocolError("a malformed inline value") from None
-        if not (
-            type(slot) is int
-            and slot == len(self.inlined)
-            and kind in (0, 1, 2)
-            and _array_header(dts, shape, strides)
-            and type(raw) is bytes
-        ):
+        n = len(data)
+        if n < 3:
             raise ProtocolError("a malformed inline value")
-        dt = _dtype(dts)
-        if math.prod(shape) * dt.itemsize != len(raw):
-            raise ProtocolError(f"an inline value of {len(raw)} bytes for shape {shape} of {dt}")
-        flat = np.frombuffer(bytearray(raw), np.uint8)  # writable, ours
-        try:
-            arr = np.ndarray(tuple(shape), dt, buffer=flat, strides=tuple(strides))
-        except Exception as e:
-            raise ProtocolError(f"strides {strides} do not fit shape {shape} of {dt}: {e}") from None
-        if arr.size and not (arr.flags.c_contiguous or arr.flags.f_contiguous or is_dense_nonoverlapping(arr)):
-            raise ProtocolError(f"strides {strides} of shape {shape} are not dense and non-overlapping")
+        kind, ndim, dtlen = _INLINE_HEAD.unpack_from(data)
+        end = 3 + dtlen + 16 * ndim
+        if kind > 2 or ndim > MAX_NDIM or dtlen > 8 or n < end + 4:
+            raise ProtocolError("a malformed inline value")
+        head = data[:end]
+        layout = _inline_layouts.get(head)
+        if layout is None:
+            layout = _inline_layout(data, ndim, dtlen, end)
+            if len(_inline_layouts) < 1024:
+                _inline_layouts[head] = layout
+        dt, shape, strides, nbytes = layout
+        (slot,) = _SLOT.unpack_from(data, end)
+        if slot != len(self.inlined):
+            raise ProtocolError("a malformed inline value")
+        if n - end - 4 != nbytes:
+            raise ProtocolError(f"an inline value of {n - end - 4} bytes for shape {list(shape)} of {dt}")
+        # a writable buffer of our own (the layout was checked to fit it)
+        arr = np.ndarray(shape, dt, buffer=bytearray(memoryview(data)[end + 4 :]), strides=strides)
         value = arr if kind == 0 else self.make_tensor(arr, kind == 2)
         self.inlined[slot] = value
         return value
