@@ -558,12 +558,45 @@ def _argmax_taps(x: np.ndarray, geom: Geom) -> np.ndarray:
     return idx
 
 
+def _tiling(geom: Geom, x_shape: Any) -> bool:
+    """Do the windows tile the input without overlap or padding (stride == kernel, e.g. max_pool2d(x, 2))?"""
+    (kh, kw), (sh, sw), (dh, dw) = geom["kernel"], geom["stride"], geom["dilation"]
+    return (kh, kw) == (sh, sw) and dh == dw == 1 and not any(geom["padding"])
+
+
+def _pool_scatter_tiled(g: np.ndarray, idx: np.ndarray, x_shape: Any, geom: Geom, cl: bool) -> np.ndarray:
+    """`_pool_scatter_kernel` for tiling windows: every input element is in at most one window, so each tap's
+    block is written once (no zero fill under the windows, no read-add-write)."""
+    ho, wo = geom["out"]
+    n, c, h, w = x_shape
+    kh, kw = geom["kernel"]
+    dx = _empty((n, c, h, w), g.dtype, cl)
+    if ho * kh < h:  # rows and columns past the last window get no gradient
+        dx[:, :, ho * kh :] = 0
+    if wo * kw < w:
+        dx[:, :, :, wo * kw :] = 0
+    # g * mask is one pass, but inf * 0 would give NaN where another tap holds the max: then zero and copy
+    finite = g.dtype.kind not in "fc" or bool(np.isfinite(g).all())
+    hit = np.empty(idx.shape, bool)
+    for t, (i, j) in enumerate(_taps(geom)):
+        np.equal(idx, t, out=hit)
+        dst = dx[:, :, i : ho * kh : kh, j : wo * kw : kw]
+        if finite:
+            np.multiply(g, hit, out=dst)
+        else:
+            dst.fill(0)
+            np.copyto(dst, g, where=hit)
+    return dx
+
+
 def _pool_scatter_kernel(g: np.ndarray, idx: np.ndarray, x_shape: Any, geom: Geom) -> np.ndarray:
     """Adjoint of gathering each window's element ``idx``: add g into the input at the picked taps."""
     ho, wo = geom["out"]
     n, c, h, w = x_shape
     pt, pb, pl, pr = geom["padding"]
     cl = _channels_last(g)
+    if _tiling(geom, x_shape):
+        return _pool_scatter_tiled(g, idx, x_shape, geom, cl)
     dxp = _zeros((n, c, h + pt + pb, w + pl + pr), g.dtype, cl)
     zero = np.zeros((), g.dtype)
     for t, (i, j) in enumerate(_taps(geom)):
