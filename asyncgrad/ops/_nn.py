@@ -167,6 +167,8 @@ def _ln_kernel(x: np.ndarray, w: Any, b: Any, axes: tuple[int, ...], eps: float)
 def _ln_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     x, w, _ = args
     axes, eps = kw["axes"], kw["eps"]
+    if xp is NP:
+        return _ln_grads_np(g, x, w, axes, eps, needs)
     n = math.prod(x.shape[axes[0] :])
     xc = x - xp.sum(x, axes, True) / n
     rstd = 1 / xp.sqrt(xp.sum(xc * xc, axes, True) / n + eps)
@@ -179,6 +181,35 @@ def _ln_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
         gw = g * xhat  # the engine sums it over the leading dims
     if needs[2]:
         gb = g
+    return (gx, gw, gb)
+
+
+def _ln_grads_np(
+    g: np.ndarray, x: np.ndarray, w: Any, axes: tuple[int, ...], eps: float, needs: Any
+) -> tuple[Any, ...]:
+    """`_ln_rule` on arrays: x's statistics recomputed once, temporaries reused in place, the input's dtype kept
+    (float32 stays float32), and the weight and bias gradients summed over the leading dims here."""
+    xc = x - x.mean(axes, keepdims=True)
+    rstd = np.square(xc).mean(axes, keepdims=True)
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    xhat = xc
+    xhat *= rstd
+    lead = tuple(range(axes[0]))
+    gx = gw = gb = None
+    if needs[0]:
+        gy = g * w if w is not None else g
+        t = gy * xhat
+        m2 = t.mean(axes, keepdims=True)
+        gx = np.multiply(xhat, m2, out=t)
+        np.subtract(gy, gx, out=gx)
+        gx -= gy.mean(axes, keepdims=True)
+        gx *= rstd
+    if needs[1]:
+        gw = np.multiply(g, xhat).sum(lead) if lead else g * xhat
+    if needs[2]:
+        gb = g.sum(lead) if lead else g
     return (gx, gw, gb)
 
 
