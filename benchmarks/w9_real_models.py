@@ -316,13 +316,15 @@ def run(quick: bool = False, models: tuple[str, ...] = MODELS) -> dict[str, Any]
         except Exception as e:
             check = str(Failed(e))
         say(f"    same computation: {check}")
-        contenders: dict[str, Callable[[], float]] = {
-            "torch 1 thread": lambda: torch_ms(model, w, 1, n),
-            "torch 2 threads": lambda: torch_ms(model, w, 2, n),
-        }
         extra: dict[str, Any] = {}
+        contenders: dict[str, Callable[[], float]] = {
+            "torch 1 thread": lambda model=model, w=w, n=n: torch_ms(model, w, 1, n),  # type: ignore[misc]
+            "torch 2 threads": lambda model=model, w=w, n=n: torch_ms(model, w, 2, n),  # type: ignore[misc]
+        }
 
-        def agc(lanes: int | None, blas: int | None, key: str, compiled: bool = False) -> Callable[[], float]:
+        def agc(lanes: int | None, blas: int | None, key: str, compiled: bool = False,
+                model: str = model, w: dict[str, np.ndarray] = w, n: int = n,
+                extra: dict[str, Any] = extra) -> Callable[[], float]:
             def one() -> float:
                 ms, info = ag_ms(model, w, lanes, blas, n, compiled)
                 extra[key] = info
