@@ -15,6 +15,7 @@ import argparse
 import collections
 import cProfile
 import pstats
+import statistics
 import sys
 import threading
 import time
@@ -24,10 +25,10 @@ from typing import Any
 from _common import say, table
 
 
-def _instrument() -> collections.Counter[str]:
+def _instrument() -> dict[str, list[float]]:
     from asyncgrad.runtime._op import OPS
 
-    spent: collections.Counter[str] = collections.Counter()
+    spent: dict[str, list[float]] = collections.defaultdict(list)
     lock = threading.Lock()
 
     def timed(label: str, fn: Any) -> Any:
@@ -38,7 +39,7 @@ def _instrument() -> collections.Counter[str]:
             finally:
                 d = time.perf_counter() - t
                 with lock:
-                    spent[label] += d
+                    spent[label].append(d)
 
         return wrapper
 
@@ -79,11 +80,18 @@ def profile(model: str, steps: int, use_cprofile: bool) -> None:
             return wall
 
     wall = trio.run(main)
-    total = sum(spent.values())
-    rows = [[k, f"{v * 1e3 / steps:.3f}", f"{100 * v / total:.1f}%"] for k, v in spent.most_common()]
-    say(f"{model}: {wall * 1e3 / steps:.2f} ms/step wall, kernels+rules {total * 1e3 / steps:.2f} ms/step "
-        f"(lanes=1, 1 BLAS thread, {steps} steps)")
-    say(table(["op", "ms/step", "share"], rows))
+    # on a loaded machine a kernel's sum is swamped by the times its thread was descheduled; the median
+    # call times the calls per step is robust to that, so it is the figure to compare before/after
+    rows = []
+    tot_sum = tot_med = 0.0
+    for k, ds in sorted(spent.items(), key=lambda kv: -statistics.median(kv[1]) * len(kv[1])):
+        med = statistics.median(ds) * len(ds) / steps
+        tot_sum += sum(ds) / steps
+        tot_med += med
+        rows.append([k, str(len(ds) // steps), f"{med * 1e3:.3f}", f"{sum(ds) * 1e3 / steps:.3f}"])
+    say(f"{model}: {wall * 1e3 / steps:.2f} ms/step wall; kernels+rules {tot_med * 1e3:.2f} ms/step by median "
+        f"call, {tot_sum * 1e3:.2f} summed (lanes=1, 1 BLAS thread, {steps} steps)")
+    say(table(["op", "calls/step", "ms/step (median call x calls)", "ms/step (sum)"], rows))
     if prof:
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
