@@ -29,27 +29,49 @@ __all__ = ["scaled_dot_product_attention"]
 
 
 def _weights(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None, kw: dict[str, Any]) -> tuple[Any, Any]:
-    """The attention weights after softmax (and, second, after dropout)."""
+    """The attention weights after softmax (and, second, after dropout).
+
+    One (..., L, S) buffer: the scores are scaled, masked, shifted, exponentiated and normalised in place.
+    """
     s = np.matmul(q, np.swapaxes(k, -1, -2))
     s *= kw["scale"]
     if mask is not None:
-        s = s + mask
+        if np.broadcast_shapes(mask.shape, s.shape) == s.shape and np.can_cast(mask.dtype, s.dtype, "same_kind"):
+            s += mask
+        else:
+            s = s + mask
     if kw["causal"]:
         ll, ss = s.shape[-2:]
-        s = np.where(np.tril(np.ones((ll, ss), bool)), s, -np.inf)
+        np.copyto(s, -np.inf, where=_above_diagonal(ll, ss))
     m = np.max(s, axis=-1, keepdims=True)
-    dead = ~np.isfinite(m)  # every key masked: the row's weights are zeros
-    if dead.any():
-        m = np.where(dead, 0.0, m)
-    p = np.exp(s - m)
+    if mask is not None or not np.isfinite(m).all():  # a row may have every key masked: its weights are 0
+        dead = ~np.isfinite(m)
+        if dead.any():
+            m[dead] = 0.0
+    s -= m
+    p = np.exp(s, out=s)
     tot = np.sum(p, axis=-1, keepdims=True)
-    if dead.any():
-        tot = np.where(tot == 0, 1.0, tot)
+    if mask is not None:
+        tot[tot == 0] = 1.0
     p /= tot
     pd = p
     if kw["p"] > 0:
         pd = p * _keep(p.shape, kw)
     return p, pd
+
+
+_CAUSAL: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _above_diagonal(ll: int, ss: int) -> np.ndarray:
+    """The (L, S) positions a causal query may not see (cached: one per shape, read-only)."""
+    m = _CAUSAL.get((ll, ss))
+    if m is None:
+        m = ~np.tril(np.ones((ll, ss), bool))
+        m.setflags(write=False)
+        if len(_CAUSAL) < 64:
+            _CAUSAL[(ll, ss)] = m
+    return m
 
 
 def _keep(shape: tuple[int, ...], kw: dict[str, Any]) -> np.ndarray:
@@ -81,11 +103,20 @@ def _sdpa_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     dv = np.matmul(np.swapaxes(pd, -1, -2), g) if needs[2] else None
     dp = np.matmul(g, np.swapaxes(v, -1, -2))
     if kw["p"] > 0:
-        dp = dp * _keep(p.shape, kw)
-    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))  # softmax backward; masked entries stay 0
+        dp *= _keep(p.shape, kw)
+    # softmax backward, in place in dp: ds = p * (dp - sum(dp * p)); masked entries stay 0
+    dot = np.sum(np.multiply(dp, p), axis=-1, keepdims=True)
+    dp -= dot
+    dp *= p
+    ds = dp
     scale = kw["scale"]
-    dq = np.matmul(ds, k) * scale if needs[0] else None
-    dk = np.matmul(np.swapaxes(ds, -1, -2), q) * scale if needs[1] else None
+    dq = dk = None
+    if needs[0]:
+        dq = np.matmul(ds, k)
+        dq *= scale
+    if needs[1]:
+        dk = np.matmul(np.swapaxes(ds, -1, -2), q)
+        dk *= scale
     dmask = ds if needs[3] else None
     # operands broadcast over batch dims: each gradient back to its own operand's shape
     return (

@@ -162,6 +162,8 @@ def conv2d_kernel(
     wo = _out_size(wd, kw, stride[1], pl, pr, dilation[1])
     dt = np.result_type(x.dtype, w.dtype)
     cl = _channels_last(x)
+    if groups == 1 and not cl and x.shape[1] < 4:
+        return _few_channels_forward(x, w, b, geom, ho, wo, dt)
     if _is_depthwise(w, groups):
         src = _depthwise_forward(x, w, geom, ho, wo).transpose(0, 3, 1, 2)
     else:
@@ -185,6 +187,34 @@ def conv2d_kernel(
     else:
         np.copyto(ov, src)
     return out
+
+
+def _few_channels_forward(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, geom: Geom, ho: int, wo: int, dt: Any
+) -> np.ndarray:
+    """An NCHW input with 1-3 channels (a first layer on images): per image, weights (O, K) @ columns
+    (K, Ho*Wo), K = C*kh*kw. The columns are small (K is at most 27) and the product lands in NCHW order,
+    so there is no (N*Ho*Wo, O) result to transpose, and no K < 32 GEMM over all the pixels at once."""
+    n = x.shape[0]
+    o, c, kh, kw = w.shape
+    cols = _few_channels_cols(x, kh, kw, geom, ho, wo)
+    out = np.empty((n, o, ho * wo), dt)
+    np.matmul(w.reshape(o, c * kh * kw), cols, out=out)
+    if b is not None:
+        out += b.reshape(1, o, 1)
+    return out.reshape(n, o, ho, wo)
+
+
+def _few_channels_cols(x: np.ndarray, kh: int, kw: int, geom: Geom, ho: int, wo: int) -> np.ndarray:
+    """im2col of an NCHW input, per image: (N, C*kh*kw, Ho*Wo), K ordered (C, kh, kw) as the weights are."""
+    n, c = x.shape[:2]
+    xp_ = _pad(x, geom["padding"], 0)
+    sn, sc, sh, sw = xp_.strides
+    (st_h, st_w), (dh, dw) = geom["stride"], geom["dilation"]
+    win = as_strided(
+        xp_, (n, c, kh, kw, ho, wo), (sn, sc, sh * dh, sw * dw, sh * st_h, sw * st_w), writeable=False
+    )
+    return win.reshape(n, c * kh * kw, ho * wo)  # a copy
 
 
 # Depthwise convolutions (groups == in_channels == out_channels) have too little work per group for an
@@ -290,6 +320,11 @@ def conv2d_weight_grad_kernel(
                 np.multiply(_tap_nhwc(xp_, i, j, stride, dilation, ho, wo), gt, out=tmp)
                 tmp.sum((0, 1, 2), out=dw[i, j])
         return dw.transpose(2, 0, 1)[:, None]
+    if groups == 1 and not _channels_last(x) and x.shape[1] < 4:
+        # as `_few_channels_forward`: per image (O, Ho*Wo) @ (Ho*Wo, K), summed over the images
+        cols = _few_channels_cols(x, kh, kw, geom, ho, wo)
+        gb = np.ascontiguousarray(g, dtype=dt).reshape(g.shape[0], o, ho * wo)
+        return np.matmul(gb, cols.transpose(0, 2, 1)).sum(0).reshape(w_shape)
     cols = _cols(x, kh, kw, geom, ho, wo)
     gm = _gmat(g, groups)
     dw = np.matmul(gm.transpose(0, 2, 1), cols)  # (G, O/G, K)
@@ -558,12 +593,45 @@ def _argmax_taps(x: np.ndarray, geom: Geom) -> np.ndarray:
     return idx
 
 
+def _tiling(geom: Geom, x_shape: Any) -> bool:
+    """Do the windows tile the input without overlap or padding (stride == kernel, e.g. max_pool2d(x, 2))?"""
+    (kh, kw), (sh, sw), (dh, dw) = geom["kernel"], geom["stride"], geom["dilation"]
+    return (kh, kw) == (sh, sw) and dh == dw == 1 and not any(geom["padding"])
+
+
+def _pool_scatter_tiled(g: np.ndarray, idx: np.ndarray, x_shape: Any, geom: Geom, cl: bool) -> np.ndarray:
+    """`_pool_scatter_kernel` for tiling windows: every input element is in at most one window, so each tap's
+    block is written once (no zero fill under the windows, no read-add-write)."""
+    ho, wo = geom["out"]
+    n, c, h, w = x_shape
+    kh, kw = geom["kernel"]
+    dx = _empty((n, c, h, w), g.dtype, cl)
+    if ho * kh < h:  # rows and columns past the last window get no gradient
+        dx[:, :, ho * kh :] = 0
+    if wo * kw < w:
+        dx[:, :, :, wo * kw :] = 0
+    # g * mask is one pass, but inf * 0 would give NaN where another tap holds the max: then zero and copy
+    finite = g.dtype.kind not in "fc" or bool(np.isfinite(g).all())
+    hit = np.empty(idx.shape, bool)
+    for t, (i, j) in enumerate(_taps(geom)):
+        np.equal(idx, t, out=hit)
+        dst = dx[:, :, i : ho * kh : kh, j : wo * kw : kw]
+        if finite:
+            np.multiply(g, hit, out=dst)
+        else:
+            dst.fill(0)
+            np.copyto(dst, g, where=hit)
+    return dx
+
+
 def _pool_scatter_kernel(g: np.ndarray, idx: np.ndarray, x_shape: Any, geom: Geom) -> np.ndarray:
     """Adjoint of gathering each window's element ``idx``: add g into the input at the picked taps."""
     ho, wo = geom["out"]
     n, c, h, w = x_shape
     pt, pb, pl, pr = geom["padding"]
     cl = _channels_last(g)
+    if _tiling(geom, x_shape):
+        return _pool_scatter_tiled(g, idx, x_shape, geom, cl)
     dxp = _zeros((n, c, h + pt + pb, w + pl + pr), g.dtype, cl)
     zero = np.zeros((), g.dtype)
     for t, (i, j) in enumerate(_taps(geom)):

@@ -167,6 +167,8 @@ def _ln_kernel(x: np.ndarray, w: Any, b: Any, axes: tuple[int, ...], eps: float)
 def _ln_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     x, w, _ = args
     axes, eps = kw["axes"], kw["eps"]
+    if xp is NP:
+        return _ln_grads_np(g, x, w, axes, eps, needs)
     n = math.prod(x.shape[axes[0] :])
     xc = x - xp.sum(x, axes, True) / n
     rstd = 1 / xp.sqrt(xp.sum(xc * xc, axes, True) / n + eps)
@@ -179,6 +181,35 @@ def _ln_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
         gw = g * xhat  # the engine sums it over the leading dims
     if needs[2]:
         gb = g
+    return (gx, gw, gb)
+
+
+def _ln_grads_np(
+    g: np.ndarray, x: np.ndarray, w: Any, axes: tuple[int, ...], eps: float, needs: Any
+) -> tuple[Any, ...]:
+    """`_ln_rule` on arrays: x's statistics recomputed once, temporaries reused in place, the input's dtype kept
+    (float32 stays float32), and the weight and bias gradients summed over the leading dims here."""
+    xc = x - x.mean(axes, keepdims=True)
+    rstd = np.square(xc).mean(axes, keepdims=True)
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    xhat = xc
+    xhat *= rstd
+    lead = tuple(range(axes[0]))
+    gx = gw = gb = None
+    if needs[0]:
+        gy = g * w if w is not None else g
+        t = gy * xhat
+        m2 = t.mean(axes, keepdims=True)
+        gx = np.multiply(xhat, m2, out=t)
+        np.subtract(gy, gx, out=gx)
+        gx -= gy.mean(axes, keepdims=True)
+        gx *= rstd
+    if needs[1]:
+        gw = np.multiply(g, xhat).sum(lead) if lead else g * xhat
+    if needs[2]:
+        gb = g.sum(lead) if lead else g
     return (gx, gw, gb)
 
 
@@ -214,11 +245,22 @@ def _dropout_mask(shape: tuple[int, ...], p: float, seed: int, dtype: Any) -> np
     return keep.astype(dtype) * np.asarray(1.0 / (1.0 - p), dtype)
 
 
+def _dropped(a: np.ndarray, p: float, seed: int) -> np.ndarray:
+    """``a * _dropout_mask(...)`` with no float mask: ``(a * keep) * s`` rounds as ``a * (keep * s)`` does
+    (keep is 0 or 1), so the values are the same, for one temporary less."""
+    keep = np.random.default_rng(seed).random(a.shape, dtype=np.float32) >= p
+    out = np.multiply(a, keep)
+    out *= np.asarray(1.0 / (1.0 - p), a.dtype)
+    return out
+
+
 def _dropout_kernel(x: np.ndarray, p: float, seed: int) -> np.ndarray:
-    return x * _dropout_mask(x.shape, p, seed, x.dtype)
+    return _dropped(x, p, seed)
 
 
 def _dropout_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
+    if isinstance(g, np.ndarray) and g.dtype.kind == "f":
+        return (_dropped(g, kw["p"], kw["seed"]),)
     return (g * _dropout_mask(tuple(g.shape), kw["p"], kw["seed"], g.dtype),)
 
 

@@ -45,6 +45,14 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # type: ignore[no-any-return]
 
 
+def _sigmoid_into(x: np.ndarray, out: np.ndarray) -> None:
+    """``out = sigmoid(x)`` in the tanh form, with no temporaries."""
+    np.multiply(x, 0.5, out=out)
+    np.tanh(out, out=out)
+    out *= 0.5
+    out += 0.5
+
+
 def _ws_size(mode: str, t: int, b: int, h: int) -> int:
     """Elements after ``y`` in the packed buffer (``h``: the cell size, the gates' hidden size): LSTM gates
     (4H) and cells (H), GRU r z n and W_hn h + b_hn."""
@@ -96,18 +104,24 @@ def _recurrent_kernel(
         gates = buf[n_y : n_y + 4 * n_c].reshape(t_len, b, 4 * h)
         cells = buf[n_y + 4 * n_c :].reshape(t_len, b, h)
         cp: Any = c0
+        hw = np.empty((b, 4 * h), dt)
+        tmp = np.empty((b, h), dt)
         for s in _order(t_len, reverse):
-            pre = xw[s] + hp @ w_hh_t
+            pre = xw[s]  # scratch: each step's projection is read once, so the gates build up in place
+            np.matmul(hp, w_hh_t, out=hw)
+            pre += hw
             gs = gates[s]
-            gs[:, : 2 * h] = _sigmoid(pre[:, : 2 * h])  # i, f
-            gs[:, 2 * h : 3 * h] = np.tanh(pre[:, 2 * h : 3 * h])  # g
-            gs[:, 3 * h :] = _sigmoid(pre[:, 3 * h :])  # o
+            _sigmoid_into(pre[:, : 2 * h], gs[:, : 2 * h])  # i, f
+            np.tanh(pre[:, 2 * h : 3 * h], out=gs[:, 2 * h : 3 * h])  # g
+            _sigmoid_into(pre[:, 3 * h :], gs[:, 3 * h :])  # o
             i, f, g, o = gs[:, :h], gs[:, h : 2 * h], gs[:, 2 * h : 3 * h], gs[:, 3 * h :]
             c = cells[s]
             np.multiply(f, cp, out=c)
-            c += i * g
+            np.multiply(i, g, out=tmp)
+            c += tmp
             if w_hr is None:
-                np.multiply(o, np.tanh(c), out=y[s])
+                np.tanh(c, out=tmp)
+                np.multiply(o, tmp, out=y[s])
             else:  # the projection: h = W_hr (o * tanh(c))
                 np.matmul(o * np.tanh(c), w_hr.T, out=y[s])
             if lens is not None:  # finished (or, backwards, not yet started) rows keep their states

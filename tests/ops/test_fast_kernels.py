@@ -1,0 +1,188 @@
+"""The W9 kernel fast paths (issue 21): each one against the general path or PyTorch, and its gradient in
+float64 against finite differences where it has one of its own.
+
+- float32 erf (``ops/_math._erf32``, used by GELU) against the exact erf;
+- conv2d with 1-3 NCHW input channels (forward and weight gradient as per-image GEMMs);
+- max_pool2d's backward for tiling windows (stride == kernel), incl. odd sizes, ties and inf gradients;
+- layer_norm's fused numpy backward; scaled_dot_product_attention's in-place softmax (causal, masks);
+- linear with leading dims (one 2-D GEMM) and the in-place LSTM gates, float32 vs torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+import asyncgrad as ag
+from asyncgrad.ops._conv import _argmax_taps, _pool_scatter_kernel, _taps
+from asyncgrad.ops._math import _erf32
+from tests._util import vs_torch
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+T = 30  # seconds: every test here runs in well under that
+
+
+def test_erf32_close_to_exact_and_float32() -> None:
+    x = np.concatenate([np.linspace(-7, 7, 200001), [0.0, -0.0, np.inf, -np.inf, 1e-30]]).astype(np.float32)
+    got = _erf32(x)
+    assert got.dtype == np.float32
+    exact = np.array([math.erf(float(v)) for v in x])
+    assert np.max(np.abs(got - exact)) < 6e-7
+    assert got[-3] == 1.0 and got[-2] == -1.0 and abs(got[-1]) < 1e-29
+    assert np.isnan(_erf32(np.array([np.nan], np.float32)))[0]
+    # as close to torch's own float32 erf as torch is to the exact one
+    assert np.max(np.abs(got - torch.erf(torch.tensor(x)).numpy())) < 6e-7
+
+
+async def test_gelu_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(T):
+        a = (rng.standard_normal((8, 64)) * 3).astype(np.float32)
+        x = ag.tensor(a, requires_grad=True)
+        y = ag.nn.functional.gelu(x)
+        (g,) = await ag.grad(y.sum(), [x])
+        tx = torch.tensor(a, requires_grad=True)
+        ty = F.gelu(tx)
+        ty.sum().backward()
+        assert y.dtype == np.float32 and g.dtype == np.float32
+        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), atol=2e-6, rtol=1e-5)
+        np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), atol=2e-6, rtol=1e-5)
+
+
+FEW = [
+    ((2, 1, 9, 8), (4, 1, 3, 3), {}),
+    ((2, 3, 9, 9), (5, 3, 3, 2), {"stride": 2, "padding": 1}),
+    ((1, 2, 10, 9), (3, 2, 2, 3), {"dilation": (2, 1), "padding": (1, 2), "stride": (1, 2)}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", FEW)
+async def test_conv2d_few_channels_fd(xs: Any, ws: Any, kw: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(T):
+        async with ag.open_runtime():
+            x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+            await ag.autograd.gradcheck(
+                lambda x, w, b: ag.conv2d(x, w, b, **kw), [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=3
+            )
+            await vs_torch(lambda x, w, b: ag.conv2d(x, w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw),
+                           x, w, b)
+
+
+async def test_conv2d_mnist_conv1_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(T):
+        xa = rng.standard_normal((4, 1, 28, 28)).astype(np.float32)
+        wa = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
+        x, w = ag.tensor(xa), ag.tensor(wa, requires_grad=True)
+        y = ag.conv2d(x, w)
+        ga = rng.standard_normal(y.shape).astype(np.float32)
+        (gw,) = await ag.grad((y * ag.tensor(ga)).sum(), [w])
+        tw = torch.tensor(wa, requires_grad=True)
+        ty = F.conv2d(torch.tensor(xa), tw)
+        (ty * torch.tensor(ga)).sum().backward()
+        assert y.dtype == np.float32 and gw.dtype == np.float32
+        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), atol=1e-3, rtol=1e-5)
+
+
+def _scatter_general(g: np.ndarray, idx: np.ndarray, x_shape: Any, geom: Any) -> np.ndarray:
+    """The general (overlapping-window) scatter, the reference for the tiling fast path."""
+    ho, wo = geom["out"]
+    dx = np.zeros(x_shape, g.dtype)
+    (sh, sw) = geom["stride"]
+    for t, (i, j) in enumerate(_taps(geom)):
+        dx[..., i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] += np.where(idx == t, g, 0)
+    return dx
+
+
+@pytest.mark.parametrize("hw", [(8, 8), (9, 7)])
+@pytest.mark.parametrize("k", [2, 3])
+def test_max_pool_tiled_scatter_matches_general(hw: Any, k: int, rng: np.random.Generator) -> None:
+    h, w = hw
+    x = np.maximum(rng.standard_normal((2, 3, h, w)), 0.0)  # ReLU'd: many tied zeros in a window
+    ho, wo = h // k, w // k
+    geom = {"kernel": (k, k), "stride": (k, k), "dilation": (1, 1), "padding": (0, 0, 0, 0), "out": (ho, wo),
+            "pool_pad": (0, 0)}
+    idx = _argmax_taps(x, geom)
+    g = rng.standard_normal((2, 3, ho, wo))
+    np.testing.assert_array_equal(_pool_scatter_kernel(g, idx, x.shape, geom), _scatter_general(g, idx, x.shape, geom))
+    g[0, 0, 0, 0] = np.inf  # must not turn the window's other entries into NaN (inf * 0)
+    np.testing.assert_array_equal(_pool_scatter_kernel(g, idx, x.shape, geom), _scatter_general(g, idx, x.shape, geom))
+
+
+async def test_max_pool2d_tiling_grad_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(T):
+        x = rng.standard_normal((2, 3, 9, 8))
+        await vs_torch(lambda x: ag.max_pool2d(x, 2), lambda x: F.max_pool2d(x, 2), x)
+
+
+async def test_layer_norm_backward_fd_and_torch(rt: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(T):
+        x, w, b = rng.standard_normal((3, 4, 5)), rng.standard_normal((4, 5)), rng.standard_normal((4, 5))
+        fn = lambda x, w, b: ag.layer_norm(x, (4, 5), w, b)  # noqa: E731
+        await ag.autograd.gradcheck(fn, [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=5)
+        await vs_torch(fn, lambda x, w, b: F.layer_norm(x, (4, 5), w, b), x, w, b)
+        await vs_torch(lambda x: ag.layer_norm(x, (5,)), lambda x: F.layer_norm(x, (5,)), x)
+
+
+@pytest.mark.parametrize("case", ["causal", "float_mask", "bool_mask"])
+async def test_sdpa_in_place_softmax_vs_torch(case: str, rt: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(T):
+        q, k, v = (rng.standard_normal((2, 3, 5, 4)) for _ in range(3))
+        fm = rng.standard_normal((5, 5))
+        bm = rng.random((5, 5)) < 0.6
+        bm[:, 0] = True
+
+        def a(q: Any, k: Any, v: Any) -> Any:
+            if case == "causal":
+                return ag.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            m = ag.tensor(fm) if case == "float_mask" else ag.tensor(bm)
+            return ag.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+        def t(q: Any, k: Any, v: Any) -> Any:
+            if case == "causal":
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            m = torch.tensor(fm) if case == "float_mask" else torch.tensor(bm)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+        await vs_torch(a, t, q, k, v)
+
+
+async def test_linear_leading_dims_fd_and_float32(rt: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(T):
+        x, w, b = rng.standard_normal((3, 2, 4)), rng.standard_normal((5, 4)), rng.standard_normal(5)
+        await ag.autograd.gradcheck(ag.nn.functional.linear, [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=2)
+        xt = ag.tensor(x[:, :, ::-1].astype(np.float32), requires_grad=True)  # a non-contiguous input too
+        wt = ag.tensor(w[:, ::-1].astype(np.float32), requires_grad=True)
+        y = ag.nn.functional.linear(xt, wt)
+        gx, gw = await ag.grad(y.sum(), [xt, wt])
+        txx = torch.tensor(x[:, :, ::-1].astype(np.float32), requires_grad=True)
+        tww = torch.tensor(w[:, ::-1].astype(np.float32), requires_grad=True)
+        ty = F.linear(txx, tww)
+        ty.sum().backward()
+        assert y.shape == (3, 2, 5) and gx.shape == (3, 2, 4)
+        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gx.numpy(), txx.grad.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gw.numpy(), tww.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+async def test_lstm_float32_step_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+    with trio.fail_after(T):
+        torch.manual_seed(0)
+        tm = torch.nn.LSTM(6, 5, 2)
+        am = ag.nn.LSTM(6, 5, 2)
+        am.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+        xa = rng.standard_normal((7, 3, 6)).astype(np.float32)
+        out, (h, c) = am(ag.tensor(xa))
+        tout, (th, tc) = tm(torch.tensor(xa))
+        loss = (out * out).sum() + c.sum()
+        await loss.backward()
+        ((tout * tout).sum() + tc.sum()).backward()
+        np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(h.numpy(), th.detach().numpy(), rtol=1e-5, atol=1e-6)
+        for name, p in am.named_parameters():
+            np.testing.assert_allclose(p.grad.numpy(), dict(tm.named_parameters())[name].grad.numpy(),
+                                       rtol=1e-4, atol=1e-5, err_msg=name)
