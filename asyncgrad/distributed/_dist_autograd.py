@@ -329,7 +329,11 @@ def _commit(fid: int, stage: int) -> None:
         return
     with runtime.no_grad():
         for p, g in entries:
-            p.grad = g if p.grad is None else p.grad + g
+            if p.grad is None:
+                p.grad = g  # the staged tensor itself: no copy of the table
+                runtime.bind_rows(g)  # an embedding's rows stay known to the optimizer
+            else:
+                p.grad = p.grad + g
 
 
 def _free(fid: int) -> None:
