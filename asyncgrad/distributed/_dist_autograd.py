@@ -18,9 +18,16 @@ worker commits no token, so every worker's `.grad` stays as it was (the staged e
 the forward's graph is freed). Commits travel on the same connection ahead of any later call, so
 ``await opt.step()`` after ``await loss.backward()`` sees them.
 
-Limits: workers do not call each other in this RPC layer, so a chain across workers goes through the
-caller (``h = await a.call(f, x); y = await b.call(g, h)``); ``create_graph=True`` through a remote
-node raises a clear error.
+Chains: code running on a worker that calls another worker itself (``await dist.rpc("worker1", g, h)``,
+`_mesh`) records that call in its own graph, so the backward goes worker to worker directly; the
+callee's staged gradients are committed by the caller's token, which the caller commits (with its own
+staged gradients, `autograd.commit_gradients`) only when the trainer commits.
+
+Arguments and results may nest tensors in lists, tuples and dicts at any depth (`_flatten`).
+
+Limits: ``create_graph=True`` through a remote node raises a clear error. A post-accumulate-grad hook
+that raises on a worker at commit cannot fail the trainer's pass (which has committed): that worker's
+`.grad` of the pass are put back and its next distributed-autograd call raises the error.
 """
 
 from __future__ import annotations
