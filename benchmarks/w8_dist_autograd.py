@@ -7,7 +7,7 @@ Contenders, each in a fresh child process with one more process for the table:
   ``await loss.backward()``, ``await dist.DistributedOptimizer(ag.optim.SGD, [table]).step()``;
 - torch.distributed.rpc (TensorPipe) + ``dist_autograd.context()`` + ``dist_autograd.backward`` +
   ``torch.distributed.optim.DistributedOptimizer``.
-Both start from the same values and see the same ids; the first step's gradients (the MLP's and the
+Both run one BLAS/intra-op thread per process. Both start from the same values and see the same ids; the first step's gradients (the MLP's and the
 touched rows of the table's) are compared to 1e-10. Goal: asyncgrad's ms/step <= 0.5x torch's.
 """
 
@@ -73,8 +73,11 @@ def ag_child(steps: int) -> dict[str, Any]:
     data = _batches(steps + 1)
 
     async def main() -> None:
-        async with ag.open_runtime():
-            async with dist.open_workers(1) as workers:
+        # one BLAS thread per kernel in both processes, as torch's side runs (set_num_threads(1)); with
+        # its default a lone training lends every lane's threads to each product, and on a loaded
+        # 2-core machine those threads' spinning cost more than the products
+        async with ag.open_runtime(blas_threads=1):
+            async with dist.open_workers(1, blas_threads=1) as workers:
                 tab = await workers[0].remote(AgTable)
                 opt = dist.DistributedOptimizer(ag.optim.SGD, [tab], lr=0.05)
                 params = [ag.tensor(p[k], requires_grad=True) for k in ("w1", "b1", "w2")]

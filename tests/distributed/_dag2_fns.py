@@ -118,3 +118,24 @@ def f_boom(x: Any) -> Any:
 async def relay_rref_again(to: str, x: Any) -> Any:
     """On worker A: the layer on ``to`` made by `relay_rref`, called again from here."""
     return await HOLD["layer"].call("forward", x)
+
+
+async def relay_die(to: str, x: Any) -> Any:
+    """On worker A: a call of ``to`` whose backward kills ``to``'s process."""
+    return await dist.rpc(to, f_die, ag.tanh(x))
+
+
+def f_die(x: Any) -> Any:
+    return _Die.apply(x)
+
+
+class _Die(ag.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        return x * 1
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        import os
+
+        os._exit(3)

@@ -78,3 +78,26 @@ async def test_chain_through_a_worker_calling_another(rt) -> None:
             assert len((await a.call(F.relay_log))["seen"]) == 2
     assert children() <= before
     assert fds() <= files
+
+
+async def test_end_of_a_chain_dying_mid_backward(rt) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_workers(2) as ws:
+            a, b = ws[0], ws[1]
+            x = _rand(3, 2, 3)
+            out = await a.call(F.relay_rref, b.name, x)
+            await out.sum().backward()
+            snap_b = (await a.call(F.relay_log))["grad"].numpy().tobytes()
+            snap_x = x.grad.numpy().tobytes()
+            # B's layer and B's dying op in one pass through A: the pass fails, naming the dead worker
+            y = (await a.call(F.relay_rref_again, b.name, x)).sum() + (await a.call(F.relay_die, b.name, x)).sum()
+            # (A's error reaches the trainer as a RemoteError carrying A's WorkerDied)
+            with pytest.raises(Exception, match=f"WorkerDied: worker '{b.name}' died"):
+                await y.backward()
+            assert x.grad.numpy().tobytes() == snap_x
+            with pytest.raises(Exception, match="died"):
+                await a.call(F.relay_log)  # B is gone: so is the layer A made there
+            # A itself stays usable, and a new pass that does not need B commits
+            await (await a.call(F.f_cube_sum, x)).sum().backward()
+            assert x.grad.numpy().tobytes() != snap_x
+            assert snap_b  # B's .grad went with B's process; every other .grad was left as it was
