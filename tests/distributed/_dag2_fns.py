@@ -62,7 +62,9 @@ class BigTable:
         return [self.weight]
 
     def rows_bound(self) -> bool:
-        return self.weight.grad is not None and ag.runtime.rows_bound(self.weight.grad)
+        # bound, and the gradient's array is the embedding's own (stolen at commit, not copied)
+        g = self.weight.grad
+        return g is not None and ag.runtime.rows_bound(g) and ag.runtime.noted_rows(g.numpy()) is not None
 
     def value(self) -> Any:
         return self.weight.detach()
