@@ -46,8 +46,9 @@ class _Mesh:
 
 
 _MESH: _Mesh | None = None
-# in a parent: the Worker of each worker connection (to answer "where does my sibling listen?")
-_BY_PEER: weakref.WeakKeyDictionary[Peer, Any] = weakref.WeakKeyDictionary()
+# in a parent: the Worker of each worker connection (to answer "where does my sibling listen?"); weak both
+# ways, as the Worker holds its peer
+_BY_PEER: weakref.WeakKeyDictionary[Peer, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 
 
 def install(nursery: trio.Nursery, secret: bytes, limits: dict[str, int], parent: Peer) -> None:
@@ -59,13 +60,14 @@ def install(nursery: trio.Nursery, secret: bytes, limits: dict[str, int], parent
 def note_worker(worker: Any) -> None:
     """Called by a parent when a worker joined (its peer is set)."""
     if worker.peer is not None:
-        _BY_PEER[worker.peer] = worker
+        _BY_PEER[worker.peer] = weakref.ref(worker)
 
 
 def _address_of(name: str) -> str:
     """(served in the parent) The listening address of the caller's sibling ``name``."""
     ctx = current_call.get()
-    caller = _BY_PEER.get(ctx.peer) if ctx is not None else None
+    ref = _BY_PEER.get(ctx.peer) if ctx is not None else None
+    caller = ref() if ref is not None else None
     if caller is None:
         raise RuntimeError(f"only a worker of an open set can look up its peer {name!r}")
     try:
@@ -225,7 +227,8 @@ async def _run_peer(peer: Peer, *, task_status: Any = trio.TASK_STATUS_IGNORED) 
 
 
 def _in_parent(name: str) -> Any:
-    found = {id(w): w for w in list(_BY_PEER.values()) if w.name == name and w.alive}
+    live = [r() for r in list(_BY_PEER.values())]
+    found = {id(w): w for w in live if w is not None and w.name == name and w.alive}
     if not found:
         raise KeyError(f"no open worker named {name!r} (get_worker works inside open_workers, or on a worker)")
     if len(found) > 1:
