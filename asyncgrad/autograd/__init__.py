@@ -20,6 +20,7 @@ Around it: ``_function.py`` (custom `Function`), ``_checkpoint.py`` (recompute i
 from ..runtime import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ._api import backward, grad
 from ._checkpoint import checkpoint
+from ._commit_now import commit_gradients as commit_gradients
 from ._function import Function, FunctionCtx, once_differentiable
 from ._gradcheck import GradcheckError, gradcheck, gradgradcheck
 from ._leaf_owner import queue_callback

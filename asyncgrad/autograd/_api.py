@@ -357,6 +357,13 @@ async def _finish_grad(
                 "set allow_unused=True if this is the desired behavior"
             )
         result.append(g if g is None or create else g.detach())
+    for k in keys:
+        # the pass is over: drop its own references to what it returns (the entries are shared with the
+        # leaf owners' prepare messages), so a caller that folds a result into a `.grad` later may steal
+        # it: its reference count then says nobody else holds it
+        done = task.staged.pop(k, None) if isinstance(k, int) else None
+        if done is not None:
+            done.clear()
     _set_retained(task)
     return tuple(result)
 

@@ -16,6 +16,7 @@ from . import autograd, optim
 from ._dist_optim import DistributedOptimizer
 from ._errors import AuthenticationError, RemoteError, WorkerDied, WorkersClosed
 from ._future import Future
+from ._mesh import PeerWorker, get_worker, rpc
 from ._peer import current_call, statistics
 
 # population: many trainings over worker processes (issue 17)
@@ -115,7 +116,7 @@ __all__ += [
 
 # ---- distributed autograd and the distributed optimizer (issue 19) ------------------------------------
 
-__all__ += ["DistributedOptimizer", "autograd", "optim"]
+__all__ += ["DistributedOptimizer", "PeerWorker", "autograd", "get_worker", "optim", "rpc"]
 # ---- end of the RPC block (other parts of the package add their names below: `__all__ += [...]`) -----
 
 __all__ += [

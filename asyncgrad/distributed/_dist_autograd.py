@@ -18,9 +18,16 @@ worker commits no token, so every worker's `.grad` stays as it was (the staged e
 the forward's graph is freed). Commits travel on the same connection ahead of any later call, so
 ``await opt.step()`` after ``await loss.backward()`` sees them.
 
-Limits: workers do not call each other in this RPC layer, so a chain across workers goes through the
-caller (``h = await a.call(f, x); y = await b.call(g, h)``); ``create_graph=True`` through a remote
-node raises a clear error.
+Chains: code running on a worker that calls another worker itself (``await dist.rpc("worker1", g, h)``,
+`_mesh`) records that call in its own graph, so the backward goes worker to worker directly; the
+callee's staged gradients are committed by the caller's token, which the caller commits (with its own
+staged gradients, `autograd.commit_gradients`) only when the trainer commits.
+
+Arguments and results may nest tensors in lists, tuples and dicts at any depth (`_flatten`).
+
+Limits: ``create_graph=True`` through a remote node raises a clear error. A post-accumulate-grad hook
+that raises on a worker at commit cannot fail the trainer's pass (which has committed): that worker's
+`.grad` of the pass are put back and its next distributed-autograd call raises the error.
 """
 
 from __future__ import annotations
@@ -61,11 +68,47 @@ def wants_grad(args: tuple[Any, ...], kwargs: dict[str, Any], *, any_tensor: boo
 
 
 def _tensors_in(a: Any) -> list[runtime.Tensor]:
+    """The tensors anywhere in ``a`` (nested lists, tuples and dicts)."""
     if isinstance(a, runtime.Tensor):
         return [a]
     if isinstance(a, (list, tuple)):
-        return [t for t in a if isinstance(t, runtime.Tensor)]
+        return [t for x in a for t in _tensors_in(x)]
+    if isinstance(a, dict):
+        return [t for x in a.values() for t in _tensors_in(x)]
     return []
+
+
+# markers of a flattened structure: a tensor (its index in the flat list), a list, a tuple, a dict (as
+# key/value pairs: the wire keeps any key type that way), or any other value as it is
+_T, _L, _U, _D, _V = "__ag_T__", "__ag_L__", "__ag_U__", "__ag_D__", "__ag_V__"
+
+
+def _flatten(a: Any, flat: list[Any]) -> Any:
+    """``a`` with every tensor (at any depth) replaced by a marker of its index in ``flat``."""
+    if isinstance(a, runtime.Tensor):
+        flat.append(a)
+        return [_T, len(flat) - 1]
+    if isinstance(a, list):
+        return [_L, [_flatten(x, flat) for x in a]]
+    if isinstance(a, tuple):
+        return [_U, [_flatten(x, flat) for x in a]]
+    if isinstance(a, dict):
+        return [_D, [[k, _flatten(v, flat)] for k, v in a.items()]]
+    return [_V, a]
+
+
+def _rebuild(m: Any, flat: list[Any]) -> Any:
+    """The inverse of `_flatten`: the structure with ``flat``'s tensors put back."""
+    tag, v = m
+    if tag == _T:
+        return flat[v]
+    if tag == _L:
+        return [_rebuild(x, flat) for x in v]
+    if tag == _U:
+        return tuple(_rebuild(x, flat) for x in v)
+    if tag == _D:
+        return {k: _rebuild(x, flat) for k, x in v}
+    return v
 
 
 @attrs.define(eq=False)
@@ -98,23 +141,16 @@ async def _recorded(
     flat, spec = _flatten_inputs(args, kwargs)
     # tensors as positional slots of the wire call; the worker rebuilds args/kwargs from the spec
     reply = await _plain_call(worker, "_forward", (kind, target, obj, spec, *flat), timeout)
-    fid, result, diff = reply
+    fid, result, outs, diff = reply
     if fid == 0:  # nothing on the worker required grad: a plain result
         return result
-    single = not isinstance(result, list) or diff == -1
-    outs = [result] if single else result
-    diff_outs = [o for o, d in zip(outs, [True] if single else diff) if d]
-    handle = _Handle(worker, fid, diff_outs, what, timeout)
+    handle = _Handle(worker, fid, [o for o, d in zip(outs, diff) if d], what, timeout)
     token = runtime.zeros((), dtype=np.float64, requires_grad=True)
     token.register_post_accumulate_grad_hook(_committer(handle))
     ins = [t for t in flat if isinstance(t, runtime.Tensor)]
     got = _RemoteCall.apply(handle, token, *ins)
-    got = (got,) if not isinstance(got, tuple) else got
-    it = iter(got)
-    wrapped = [next(it) if d else o for o, d in zip(outs, [True] if single else diff)]
-    if single:
-        return wrapped[0]
-    return tuple(wrapped)
+    it = iter((got,) if not isinstance(got, tuple) else got)
+    return _rebuild(result, [next(it) if d else o for o, d in zip(outs, diff)])
 
 
 async def _plain_call(worker: Worker, fn: str, args: tuple[Any, ...], timeout: Any) -> Any:
@@ -126,33 +162,15 @@ async def _plain_call(worker: Worker, fn: str, args: tuple[Any, ...], timeout: A
 
 
 def _flatten_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-    """Tensors (top level, or in a top-level list/tuple) out of the arguments, and a spec to put them
-    back: per argument, its value with tensors replaced by ``["T", i]`` markers."""
+    """The tensors anywhere in the arguments (nested lists, tuples, dicts), and a spec to put them back."""
     flat: list[Any] = []
-
-    def sub(a: Any) -> Any:
-        if isinstance(a, runtime.Tensor):
-            flat.append(a)
-            return ["__ag_T__", len(flat) - 1]
-        if isinstance(a, (list, tuple)):
-            return ["__ag_L__", [sub(x) for x in a]]
-        return ["__ag_V__", a]
-
-    spec = [[sub(a) for a in args], {k: sub(v) for k, v in kwargs.items()}]
+    spec = [[_flatten(a, flat) for a in args], [[k, _flatten(v, flat)] for k, v in kwargs.items()]]
     return flat, spec
 
 
 def _unflatten(spec: list[Any], flat: list[Any]) -> tuple[list[Any], dict[str, Any]]:
-    def put(m: Any) -> Any:
-        tag, v = m
-        if tag == "__ag_T__":
-            return flat[v]
-        if tag == "__ag_L__":
-            return [put(x) for x in v]
-        return v
-
     sargs, skw = spec
-    return [put(m) for m in sargs], {k: put(m) for k, m in skw.items()}
+    return [_rebuild(m, flat) for m in sargs], {k: _rebuild(m, flat) for k, m in skw}
 
 
 _stage_ids = itertools.count(1)
@@ -243,27 +261,25 @@ _fids = itertools.count(1)
 
 
 async def _forward(kind: str, target: str, obj: Any, spec: list[Any], *flat: Any) -> Any:
+    _raise_failed_commit()
     args, kwargs = _unflatten(spec, list(flat))
     fn = getattr(obj, target) if kind == "method" else this_node().resolve(target)
     with runtime.enable_grad():
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
-    single = not isinstance(result, (list, tuple))
-    outs = [result] if single else list(result)
-    diff = [isinstance(o, runtime.Tensor) and o.requires_grad for o in outs]
+    outs: list[Any] = []
+    rspec = _flatten(result, outs)
+    diff = [o.requires_grad for o in outs]
     if not any(diff):
-        return [0, result, None]
+        return [0, result, None, None]
     tensors = [t for t in flat if isinstance(t, runtime.Tensor)]
     in_pos = [i for i, t in enumerate(tensors) if t.requires_grad]
     ins = [tensors[i] for i in in_pos]
     outs_d = [o for o, d in zip(outs, diff) if d]
     fid = next(_fids)
     _FORWARDS[fid] = _Forward(outs_d, ins, _leaves_of(outs_d, ins), len(tensors), in_pos)
-    sent = [o.detach() if d else o for o, d in zip(outs, diff)]
-    if single:
-        return [fid, sent[0], -1]
-    return [fid, sent, diff]
+    return [fid, rspec, [o.detach() if d else o for o, d in zip(outs, diff)], diff]
 
 
 def _leaves_of(outs: list[runtime.Tensor], ins: list[runtime.Tensor]) -> list[runtime.Tensor]:
@@ -295,6 +311,7 @@ def _leaves_of(outs: list[runtime.Tensor], ins: list[runtime.Tensor]) -> list[ru
 
 
 async def _backward(fid: int, grads: list[Any], stage: int) -> list[Any]:
+    _raise_failed_commit()
     rec = _FORWARDS.get(fid)
     if rec is None:
         raise RuntimeError(
@@ -320,16 +337,39 @@ async def _backward(fid: int, grads: list[Any], stage: int) -> list[Any]:
     return result
 
 
+_FAILED_COMMITS: list[str] = []
+
+
 def _commit(fid: int, stage: int) -> None:
+    # plain (not async): it runs in the connection's reader, in order, before any later call is served
     rec = _FORWARDS.get(fid)
     if rec is None:
         return
     entries = rec.stages.pop(stage, None)
     if not entries:
         return
-    with runtime.no_grad():
-        for p, g in entries:
-            p.grad = g if p.grad is None else p.grad + g
+    try:
+        with runtime.no_grad():
+            # as a local pass commits: steal or copy under the layout contract, then post-accumulate hooks
+            # (which is how a call this worker made to another worker commits there: its token's hook)
+            fresh = autograd.commit_gradients(entries)
+    except Exception as e:
+        # the trainer's pass has committed already, so this cannot fail it: this worker's .grad of the pass
+        # were put back, and the next distributed-autograd call to this worker raises this
+        _FAILED_COMMITS.append(
+            f"{type(e).__name__}: {e} (raised by a post-accumulate-grad hook on {this_node().name} while "
+            f"committing the gradients of remote forward #{fid}; that worker's .grad of the pass were put back)"
+        )
+        return
+    for p in fresh:
+        if p.grad is not None:
+            runtime.bind_rows(p.grad)  # an embedding's written rows stay known to the optimizer
+
+
+def _raise_failed_commit() -> None:
+    if _FAILED_COMMITS:
+        msg = _FAILED_COMMITS.pop(0)
+        raise RuntimeError(f"an earlier distributed backward could not commit here: {msg}")
 
 
 def _free(fid: int) -> None:

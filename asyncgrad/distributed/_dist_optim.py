@@ -73,6 +73,10 @@ class DistributedOptimizer:
 
     async def _each(self, method: str) -> None:
         remote = await self._ensure()
+        if len(remote) == 1:  # one owner (a parameter server): no task to start
+            (r,) = remote.values()
+            await r.call(method)
+            return
         async with trio.open_nursery() as n:
             for r in remote.values():
                 n.start_soon(r.call, method)

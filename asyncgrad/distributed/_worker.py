@@ -23,6 +23,7 @@ import numpy as np
 import trio
 
 from ..runtime import open_runtime, set_default_dtype, set_grad_enabled
+from . import _mesh
 from ._connection import Connection, Listener, client_handshake, connect
 from ._errors import ProtocolError
 from ._peer import HELLO, JOIN, READY, Node, Peer, read_message, send_message, serve_connections, set_node
@@ -103,6 +104,7 @@ async def serve(address: str, secret: bytes, name: str | None = None, connect_ti
                 )
                 async with trio.open_nursery() as nursery:
                     await nursery.start(parent.run)
+                    _mesh.install(nursery, secret, limits, parent)  # calls to peers made from here
                     nursery.start_soon(functools.partial(serve_connections, listener, secret, node, limits=limits))
                     send_message(
                         conn,

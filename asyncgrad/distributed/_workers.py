@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from ..runtime import get_default_dtype, is_grad_enabled
-from . import _dist_autograd, _shm
+from . import _dist_autograd, _mesh, _shm
 from ._connection import Connection, ConnectionClosed, Listener
 from ._dist_autograd import wants_grad
 from ._errors import ProtocolError, WorkerDied, WorkersClosed
@@ -328,6 +328,7 @@ class Workers:
         w.host = ready.get("host") if isinstance(ready.get("host"), str) else None
         w.address = ready.get("address") if isinstance(ready.get("address"), str) else None
         w.peer = Peer(conn, this_node(), w.name, max_inflight_bytes=self._limits["max_inflight_bytes"])
+        _mesh.note_worker(w)  # so its siblings can look its address up
         await self._nursery.start(self._supervise, w)
         w._ready.set()
 

@@ -12,8 +12,10 @@ from ..runtime._factories import default_generator
 from ..runtime._inplace import inplace
 from ..runtime._meta import _float_check, _index_arg, _value, broadcast_shapes
 from ..runtime._op import OpError, defop
+from ..runtime._row_support import note_rows, untouched_zeros
 from ..runtime._tensor import Tensor
-from ..runtime._xp import NP
+from ..runtime._xp import NP, register_xp
+from ._index import index_add
 from ._math import _erf
 
 
@@ -95,7 +97,36 @@ def _emb_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
         scale = keep if scale is None else scale * keep
     if scale is not None:
         g = g * scale.astype(g.dtype)[..., None]
-    return (xp.index_add(tuple(w.shape), (iv,), g), None)
+    return (xp.embedding_backward(tuple(w.shape), iv, g), None)
+
+
+def _emb_backward_np(shape: tuple[int, ...], iv: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """The dense gradient of the table: zeros with each id's rows of ``g`` summed into its row.
+
+    Sorting the ids and summing each run (`np.add.reduceat`) replaces `np.add.at`'s element loop; the
+    zeros are untouched memory (no memset of the whole table), and the rows written are noted so an
+    optimizer may step those rows only (`runtime.note_rows`).
+    """
+    z = untouched_zeros(shape, g.dtype)
+    flat = iv.reshape(-1)
+    if flat.size == 0:
+        note_rows(z, flat.astype(np.intp))
+        return z
+    g2 = g.reshape(flat.size, shape[1])
+    order = np.argsort(flat, kind="stable")  # stable: each row sums its ids in batch order, as add.at
+    s = flat[order]
+    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+    rows = s[starts]
+    z[rows] = np.add.reduceat(g2[order], starts, axis=0)
+    note_rows(z, rows)
+    return z
+
+
+def _emb_backward_ag(shape: tuple[int, ...], iv: np.ndarray, g: Tensor) -> Tensor:
+    return index_add(shape, (iv,), g)
+
+
+register_xp("embedding_backward", _emb_backward_np, _emb_backward_ag)
 
 
 OP_EMBEDDING = defop("embedding", _emb_kernel, _emb_meta, _emb_rule)

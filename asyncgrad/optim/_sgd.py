@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import add_scaled
-from ..runtime import Tensor
+from ..runtime import Tensor, noted_rows, rows_bound
 from ._optimizer import Optimizer, fused_update, required, state_like
 from ._port_common import grad_term
 
@@ -79,6 +79,22 @@ class SGD(Optimizer):
         nesterov = bool(group["nesterov"])
         maximize = bool(group["maximize"])
         if momentum == 0.0:
+            if wd == 0.0 and not maximize and rows_bound(g):
+                # a row-sparse gradient kept dense (an embedding's): step the rows it wrote only; the
+                # others would get ``p - lr * 0 == p`` exactly
+                def rows_only(pa: np.ndarray, ga: np.ndarray) -> None:
+                    rows = noted_rows(ga)
+                    if rows is None or pa.ndim == 0:
+                        add_scaled(pa, -lr, ga)
+                        return
+                    # numpy, not BLAS axpy: a few rows are too small for BLAS's threads to pay off
+                    part = ga[rows]
+                    part *= -lr
+                    part += pa[rows]
+                    pa[rows] = part
+
+                fused_update(p, rows_only, g)
+                return
 
             def plain(pa: np.ndarray, ga: np.ndarray) -> None:
                 d = grad_term(pa, ga, maximize, wd)

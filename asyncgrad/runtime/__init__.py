@@ -44,6 +44,12 @@ from ._inplace import inplace as inplace
 from ._layout import empty_like_contract, is_dense_nonoverlapping, obeys_contract
 from ._node import Node, OpNode
 from ._op import OPS, Op, OpError, defop
+from ._row_support import bind_rows as bind_rows
+from ._row_support import note_rows as note_rows
+from ._row_support import noted_rows as noted_rows
+from ._row_support import rows_bound as rows_bound
+from ._row_support import unbind_rows as unbind_rows
+from ._row_support import untouched_zeros as untouched_zeros
 from ._runtime import (
     NoRuntimeError,
     Runtime,
