@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -323,10 +324,15 @@ async def test_update_by_a_scaled_temporary_is_fused_and_exact(dtype: str, monke
                 rng.standard_normal(shape) for _ in range(2))
             p0, g0 = p0.astype(dtype), g0.astype(dtype)
             p, g = ag.tensor(p0), ag.tensor(g0)
+            # hold the lane so each `k * g` is still queued when the update reads it: the fusion takes over
+            # only a kernel that has not run yet (a lane that ran it first is the unfused path, also exact)
+            gate = threading.Event()
+            ag.current_stream().submit(lambda gate=gate: gate.wait(30))
             with ag.no_grad():
                 p -= k * g
                 p += g * k
                 p -= ag.mul(g, 2 * k)
+            gate.set()
             want = p0 - (k * g0)
             want = want + (g0 * k)
             want = want - (g0 * (2 * k))
