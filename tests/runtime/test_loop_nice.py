@@ -1,5 +1,6 @@
-"""``open_runtime(loop_nice=...)``: the loop thread's priority raised while the runtime is open (lanes keep
-theirs), restored on leaving; a clear PermissionError where the process may not raise it."""
+"""The loop thread's scheduling while a runtime is open: a short scheduler slice by default (``loop_slice_s``),
+and on request a raised priority (``loop_nice``, lanes keep theirs), both restored on leaving; a clear
+PermissionError where the process may not raise it."""
 
 from __future__ import annotations
 
@@ -80,3 +81,26 @@ def test_without_the_privilege_it_is_a_clear_permission_error() -> None:
     assert p.returncode == 0, p.stderr
     assert "PermissionError: open_runtime(loop_nice=-10)" in p.stdout
     assert "CAP_SYS_NICE" in p.stdout and "loop_nice at None" in p.stdout
+
+
+@linux
+async def test_the_loop_thread_asks_for_a_short_slice_while_the_runtime_is_open() -> None:
+    from asyncgrad.runtime._loop_sched import thread_slice_ns
+
+    before = thread_slice_ns()
+    if before is None:
+        pytest.skip("no sched_getattr on this platform")
+    with trio.fail_after(30):
+        async with ag.open_runtime() as rt:
+            assert thread_slice_ns() == 100_000  # the default, 0.1 ms
+            lanes = [thread_slice_ns(th.native_id) for th in rt.threads() if th.native_id]
+            assert lanes and all(s == before for s in lanes)  # lanes keep the kernel's slice
+            out = ag.ones(100, 100) @ ag.ones(100, 100)
+            assert float((await out.ready()).numpy().sum()) == 100.0 * 100 * 100
+        assert thread_slice_ns() == before
+        async with ag.open_runtime(loop_slice_s=None):
+            assert thread_slice_ns() == before
+    with pytest.raises(ValueError, match=r"loop_slice_s=0\.5"):
+        async with ag.open_runtime(loop_slice_s=0.5):
+            pass
+    assert thread_slice_ns() == before
