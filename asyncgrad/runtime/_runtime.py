@@ -20,8 +20,9 @@ import trio
 from ..devices import DEFAULT_LANE_NICE, CPUDevice, Device, Stream, Synchronize
 from ._loop_sched import _no_restore, raise_priority, shorten_slice
 
-# the loop thread's scheduler slice while a runtime is open (see `open_runtime`'s ``loop_slice_s``)
-DEFAULT_LOOP_SLICE_S = 0.0001
+# the loop thread's scheduler slice while a runtime is open (see `open_runtime`'s ``loop_slice_s``):
+# None leaves the kernel's; 0.0001 halved W5's p99 under load but cost W3 5-60% (measured side by side)
+DEFAULT_LOOP_SLICE_S: float | None = None
 
 _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("asyncgrad_runtime", default=None)
 
@@ -233,16 +234,17 @@ async def open_runtime(
             but a negative value needs privileges (root, CAP_SYS_NICE or an RLIMIT_NICE allowing it):
             without them this raises PermissionError. Linux only (elsewhere nice is per process).
             Threads and processes the loop thread starts while it is raised inherit the value.
-        loop_slice_s: The scheduler slice the loop's thread asks for while the runtime is open
-            (restored on leaving; None: left as it is). Default 0.1 ms, the shortest Linux allows: a
-            thread that wakes with a short slice preempts one running out a long slice, so the loop
-            wakes sooner beside busy lanes and processes, with no privilege and no change to anyone's
-            share of the CPU (Linux 6.12+ EEVDF; older kernels and other systems ignore it). Measured
-            with ``benchmarks/bench.py W5M`` at load 16-21 on 2 cores, 2 rounds: heartbeat p99 29 and
-            19 ms against 47 and 51 ms with the kernel's default slice (max 78/66 against 95/114 ms).
-            The limit: on an oversubscribed machine the loop still waits for a core; p99 <= 1 ms
-            there needs ``loop_nice`` (privileged) or fewer busy threads than cores.
-
+        loop_slice_s: A scheduler slice for the loop's thread while the runtime is open, in seconds
+            (0.0001 to 0.1; restored on leaving). Default None: the kernel's (1.4 ms here). A thread
+            that wakes with a short slice preempts one running out a long slice, so with 0.0001 the
+            loop wakes sooner beside busy lanes and processes, with no privilege and no change to
+            anyone's share of the CPU (Linux 6.12+ EEVDF; older kernels and other systems ignore it).
+            Measured side by side at load 15-21 on 2 cores (``benchmarks/bench.py W5M``, 2 rounds):
+            W5's heartbeat p99 29 and 19 ms against 47 and 51 ms with the kernel's slice (max 78/66
+            against 95/114 ms); but W3's tasks in one runtime, whose loop thread records every op,
+            ran 5-60% slower in 5 of 6 pairs (the loop is preempted more often). So it is for a
+            service whose latency matters more than its training's throughput; on an oversubscribed
+            machine the loop still waits for a core, and p99 <= 1 ms there needs ``loop_nice``.
     Leaving the block waits for queued kernels, stops and joins every worker thread.
     """
     if _current.get() is not None and not _current.get().closed:  # type: ignore[union-attr]
