@@ -30,6 +30,7 @@ WORKLOADS = {
     "W3": "w3_many_trainings",
     "W4": "w4_reentrant_chain",
     "W5": "w5_loop_stall",
+    "W5M": "w5_mechanisms",
     "W6": "w6_rpc",
     "W7": "w7_ddp",
     "W8": "w8_dist_autograd",

@@ -19,6 +19,11 @@ overwrites it. No lock: a pool reports from a finalizer too (a task's streams go
 the garbage collector may run inside any of these functions; a lane that read a target about to change
 sees the difference before its next kernel and sets it again.
 
+Neither happens while other processes keep the cores busy (`spare_cores`): a multi-threaded BLAS call
+is a barrier across its threads, so with one of them waiting for a core every call waits for the
+slowest (measured under load ~13 on 2 cores: a 64x256x256 product took 7.7 ms on 2 threads against
+0.53 ms on 1, and W3's lone training ran 20x slower than two beside each other).
+
 Only OpenBLAS with its own pthreads pool is boosted: with an OpenMP or MKL BLAS the count is per thread
 or managed elsewhere, and `boost_available()` is False (kernels then split across lanes instead).
 """
@@ -27,6 +32,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
+import time
 from typing import Any
 
 _NAMES = tuple(
@@ -39,6 +46,81 @@ _target: int | None = None  # the count lanes should run at: the base, or a lone
 _applied: int | None = None  # the count last set here (None: unknown, set by someone else)
 _demand: dict[int, tuple[int, int]] = {}  # id(pool) -> (its streams in use, what a lone stream of it gets)
 _CORES = os.cpu_count() or 1  # read once: every stream taken or returned asks (a file read each time otherwise)
+
+# ---- how many cores other processes leave us -------------------------------------------------------
+
+SAMPLE_S = 0.25  # how often a lane re-reads the machine's load (two counters, ~20 us)
+_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_spare: float = float(_CORES)  # cores not busy with other processes, as last sampled
+_next_sample = 0.0  # when a lane should sample again (time.monotonic); inf: no /proc/stat here
+_sample_lock = threading.Lock()  # one lane samples at a time (taken without blocking)
+_last: tuple[float, float, float] | None = None  # (monotonic, machine busy s, this process's cpu s)
+_pinned = False  # `pin_spare_cores` set the estimate: no sampling
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds all processes have used since boot (Linux /proc/stat), or None elsewhere."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    vals = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(vals) - vals[3] - vals[4]) / _HZ
+
+
+def sample() -> None:
+    """(lane, between kernels) Re-estimate the cores other processes leave us, every `SAMPLE_S` at most.
+
+    The machine's busy time less this process's own, over the interval since the last sample: what
+    other processes used. A changed estimate re-targets the lanes' BLAS count.
+    """
+    global _next_sample, _last, _spare
+    if _pinned or not _sample_lock.acquire(blocking=False):
+        return
+    try:
+        now = time.monotonic()
+        busy = _machine_busy_s()
+        if busy is None:
+            _next_sample = float("inf")
+            return
+        t = os.times()
+        own = t.user + t.system
+        last, _last = _last, (now, busy, own)
+        _next_sample = now + SAMPLE_S
+        if last is None or now - last[0] < SAMPLE_S / 2:
+            return
+        others = max(0.0, (busy - last[1]) - (own - last[2])) / (now - last[0])
+        before = spare_cores()
+        _spare = max(0.0, _CORES - others)
+        if spare_cores() != before:
+            _retarget()
+    finally:
+        _sample_lock.release()
+
+
+def pin_spare_cores(cores: int | None) -> None:
+    """Take ``cores`` as the cores other processes leave, without sampling (None: sample again).
+
+    For a machine known to be this process's alone, and for tests of the lone-training count that must
+    not depend on what else the machine runs.
+    """
+    global _spare, _next_sample, _last, _pinned
+    _pinned = cores is not None
+    if cores is None:
+        _spare, _next_sample, _last = float(_CORES), 0.0, None
+    else:
+        _spare, _next_sample = float(cores), float("inf")
+    _retarget()
+
+
+def spare_cores() -> int:
+    """Whole cores other processes leave this one, as last sampled (all of them where it cannot tell).
+
+    A quarter of a core busy elsewhere already counts as taken: a BLAS thread that has to share its core
+    stalls every call of its team.
+    """
+    return max(1, min(_CORES, int(_spare + 0.25)))
 
 
 def _find_setter() -> Any:
@@ -80,6 +162,8 @@ def set_base(threads: int) -> None:
         _setter = _find_setter()
     _base = max(1, threads)
     _applied = _base
+    if _last is None:
+        sample()  # the first reading: the load is known from the next one on
     _retarget()
 
 
@@ -103,7 +187,7 @@ def _retarget() -> None:
         return
     users = list(_demand.values())  # a snapshot: a finalizer may change the dict meanwhile
     if len(users) == 1 and users[0][0] == 1:
-        _target = max(_base, users[0][1])
+        _target = max(_base, min(users[0][1], spare_cores()))
     else:
         _target = _base
 
@@ -128,9 +212,10 @@ def sync() -> None:
 def boosted(threads: int) -> None:
     """Use ``threads`` BLAS threads for calls starting from now.
 
-    Only after `boost_available()` said True; call `unboost` right after the kernel.
+    Only after `boost_available()` said True; call `unboost` right after the kernel. At most the cores
+    other processes leave (`spare_cores`).
     """
-    _setter(threads)
+    _setter(max(1, min(threads, spare_cores())))
 
 
 def unboost() -> None:

@@ -13,6 +13,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,7 @@ class Lane:
         _tls.cache = self._cache
         q = self._queue
         get = q.get
+        clock = time.monotonic
         while True:
             if q.empty():
                 self._idle = True
@@ -97,6 +99,8 @@ class Lane:
             # markers only signal: they run even after a failed kernel and on shutdown, so nobody
             # waits forever on a stream whose kernels were dropped
             if marker or (stream._error is None and not self._discard):
+                if clock() >= _blas._next_sample:  # other processes' load: may change the BLAS count
+                    _blas.sample()
                 if _blas._target != _blas._applied:  # a training started or ended beside this one
                     _blas.sync()
                 try:
@@ -197,9 +201,13 @@ def run_parts(parts: list[Callable[[], None]]) -> None:
 
 
 def idle_siblings() -> list[Lane]:
-    """The calling lane's siblings that are waiting for work now (none off the lanes)."""
+    """The calling lane's siblings that are waiting for work now (none off the lanes), as many as other
+    processes leave cores for (a helper without a core of its own only delays the kernel it shares)."""
     lane: Lane | None = getattr(_tls, "lane", None)
-    return [s for s in lane.siblings if s._idle] if lane is not None else []
+    if lane is None:
+        return []
+    idle = [s for s in lane.siblings if s._idle]
+    return idle[: _blas.spare_cores() - 1]
 
 
 def _lower_priority_of_this_thread(increment: int) -> None:

@@ -18,6 +18,11 @@ import attrs
 import trio
 
 from ..devices import DEFAULT_LANE_NICE, CPUDevice, Device, Stream, Synchronize
+from ._loop_sched import _no_restore, raise_priority, shorten_slice
+
+# the loop thread's scheduler slice while a runtime is open (see `open_runtime`'s ``loop_slice_s``):
+# None leaves the kernel's; 0.0001 halved W5's p99 under load but cost W3 5-60% (measured side by side)
+DEFAULT_LOOP_SLICE_S: float | None = None
 
 _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("asyncgrad_runtime", default=None)
 
@@ -193,6 +198,8 @@ async def open_runtime(
     cpu_devices: int = 1,
     blas_threads: int | None = None,
     lane_nice: int = DEFAULT_LANE_NICE,
+    loop_nice: int | None = None,
+    loop_slice_s: float | None = DEFAULT_LOOP_SLICE_S,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime: start the device actors (and their worker lanes) in a nursery.
 
@@ -201,7 +208,11 @@ async def open_runtime(
         cpu_devices: How many independent CPU devices ("cpu:0", "cpu:1", ...) to run.
         blas_threads: BLAS threads per kernel; default ``cores // lanes`` so lanes never oversubscribe.
             A training alone in the process (one stream in use, all runtimes together) runs with every
-            lane's: ``lanes * blas_threads``, at most the cores (with a pthreads OpenBLAS).
+            lane's: ``lanes * blas_threads``, at most the cores (with a pthreads OpenBLAS), and at most
+            the cores other processes leave free (sampled by the lanes every 0.25 s from /proc/stat): a
+            multi-threaded BLAS call waits for its slowest thread, so beside busy processes it runs on
+            one (under load ~13 on 2 cores a 64x256x256 product took 7.7-12.6 ms on 2 threads, 0.5-0.7 ms
+            on 1). Where the load cannot be read (not Linux) the count is as if the machine were free.
         lane_nice: How much lower than the event loop's the lanes' scheduling priority is (Linux nice
             increment, per lane thread). Default 0: lanes keep the loop's priority, so they keep their
             share of the CPU beside other busy processes and beside other threads of this process
@@ -215,12 +226,32 @@ async def open_runtime(
             has to itself. Applied only with one BLAS thread per lane (the default when lanes ==
             cores): a multi-threaded BLAS's own pool threads keep normal priority and would starve
             the lane.
-
+        loop_nice: A nice value for the event loop's thread while the runtime is open (e.g. -10), set
+            after the lanes started (they keep theirs) and restored on leaving. Default None: left as
+            it is. The one mechanism measured to keep the loop responsive beside busy processes
+            (``benchmarks/bench.py W5M`` at load ~20 on 2 cores: heartbeat p50 3.0-3.6 -> 0.25 ms,
+            p99 43-48 -> 20 ms, and the training, whose ops the loop records, 2.9 s against 11-13 s)
+            but a negative value needs privileges (root, CAP_SYS_NICE or an RLIMIT_NICE allowing it):
+            without them this raises PermissionError. Linux only (elsewhere nice is per process).
+            Threads and processes the loop thread starts while it is raised inherit the value.
+        loop_slice_s: A scheduler slice for the loop's thread while the runtime is open, in seconds
+            (0.0001 to 0.1; restored on leaving). Default None: the kernel's (1.4 ms here). A thread
+            that wakes with a short slice preempts one running out a long slice, so with 0.0001 the
+            loop wakes sooner beside busy lanes and processes, with no privilege and no change to
+            anyone's share of the CPU (Linux 6.12+ EEVDF; older kernels and other systems ignore it).
+            Measured side by side at load 15-21 on 2 cores (``benchmarks/bench.py W5M``, 2 rounds):
+            W5's heartbeat p99 29 and 19 ms against 47 and 51 ms with the kernel's slice (max 78/66
+            against 95/114 ms); but W3's tasks in one runtime, whose loop thread records every op,
+            ran 5-60% slower in 5 of 6 pairs (the loop is preempted more often). So it is for a
+            service whose latency matters more than its training's throughput; on an oversubscribed
+            machine the loop still waits for a core, and p99 <= 1 ms there needs ``loop_nice``.
     Leaving the block waits for queued kernels, stops and joins every worker thread.
     """
     if _current.get() is not None and not _current.get().closed:  # type: ignore[union-attr]
         raise RuntimeError("a runtime is already open in this task; nested runtimes are not supported")
     rt = Runtime(lanes=lanes, cpu_devices=cpu_devices, blas_threads=blas_threads, lane_nice=lane_nice)
+    restore_nice: Callable[[], None] = _no_restore
+    restore_slice: Callable[[], None] = _no_restore
     rt.blas_threads = _BlasLimit.acquire(rt._blas_request)
     token = _current.set(rt)
     streams_token = _task_streams.set(None)
@@ -230,6 +261,13 @@ async def open_runtime(
             for name, dev in rt.devices.items():
                 if name != "cpu":
                     await nursery.start(dev.run)
+            # after the lanes started: they keep their own priority (a thread inherits its creator's)
+            try:
+                restore_nice = raise_priority(loop_nice)
+                restore_slice = shorten_slice(loop_slice_s)
+            except BaseException as e:  # comes out as itself, as the block's own errors do
+                body_error.append(e)
+                raise
             # graph tasks and leaf owners run here; the devices outlive them (opened in the outer one)
             async with trio.open_nursery() as tasks:
                 rt.nursery = tasks
@@ -255,6 +293,8 @@ async def open_runtime(
         _task_streams.reset(streams_token)
         _current.reset(token)
         _BlasLimit.release()
+        restore_slice()
+        restore_nice()
 
 
 def _sole_exception(eg: BaseException) -> BaseException:

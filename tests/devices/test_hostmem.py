@@ -20,6 +20,15 @@ TIMEOUT = 30
 BIG = (HOST_CACHE_MIN_BYTES // 8 + 100,)  # float64 elements just over the pooling threshold
 
 
+@pytest.fixture(autouse=True)
+def _all_cores_spare() -> Any:
+    """These tests count BLAS switches and split slices as on a machine of our own: what other
+    processes happen to run (a shared CI machine) must not change them (`_blas.spare_cores`)."""
+    _blas.pin_spare_cores(os.cpu_count() or 1)
+    yield
+    _blas.pin_spare_cores(None)
+
+
 def test_a_dead_array_gives_its_buffer_back() -> None:
     cache = HostCache(1 << 30)
     a = cache.empty(BIG, np.float64)
