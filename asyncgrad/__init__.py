@@ -19,6 +19,10 @@ import numpy as np
 from . import _tensor_methods, autograd, cuda, distributed, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)
 from .autograd import (
     BackwardError,
+    CaptureFallback,
+    CompiledStep,
+    CompileStatistics,
+    compile,
     ForgottenAwaitWarning,
     Function,
     FunctionCtx,
@@ -51,6 +55,9 @@ __all__ = [
     *runtime.__all__,
     "ForgottenAwaitWarning",
     "BackwardError",
+    "CaptureFallback",
+    "CompileStatistics",
+    "CompiledStep",
     "Function",
     "FunctionCtx",
     "autograd",

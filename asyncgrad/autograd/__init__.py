@@ -20,6 +20,7 @@ Around it: ``_function.py`` (custom `Function`), ``_checkpoint.py`` (recompute i
 from ..runtime import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ._api import backward, grad
 from ._checkpoint import checkpoint
+from ._compile import CaptureFallback, CompiledStep, CompileStatistics, compile
 from ._function import Function, FunctionCtx, once_differentiable
 from ._gradcheck import GradcheckError, gradcheck, gradgradcheck
 from ._leaf_owner import queue_callback
@@ -28,6 +29,9 @@ from ._unawaited import ForgottenAwaitWarning
 
 __all__ = [
     "BackwardError",
+    "CaptureFallback",
+    "CompileStatistics",
+    "CompiledStep",
     "ForgottenAwaitWarning",
     "Function",
     "FunctionCtx",
