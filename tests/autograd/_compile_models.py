@@ -26,11 +26,11 @@ class MLP(nn.Module):
 class CNN(nn.Module):
     """The MNIST example's shape on 28x28 (conv2d + maxpool + linear), narrower."""
 
-    def __init__(self) -> None:
+    def __init__(self, c1: int = 4, c2: int = 8) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 8, 3, 1)
-        self.conv2 = nn.Conv2d(8, 16, 3, 1)
-        self.fc1 = nn.Linear(16 * 12 * 12, 32)
+        self.conv1 = nn.Conv2d(1, c1, 3, 1)
+        self.conv2 = nn.Conv2d(c1, c2, 3, 1)
+        self.fc1 = nn.Linear(c2 * 12 * 12, 32)
         self.fc2 = nn.Linear(32, 10)
 
     def forward(self, x: Any) -> Any:
@@ -62,8 +62,8 @@ def batches(kind: str, n: int, seed: int = 0) -> list[tuple[Any, Any]]:
             x = rng.standard_normal((16, 32)).astype(np.float32)
             y = rng.integers(0, 10, 16)
         elif kind == "cnn":
-            x = rng.standard_normal((8, 1, 28, 28)).astype(np.float32)
-            y = rng.integers(0, 10, 8)
+            x = rng.standard_normal((4, 1, 28, 28)).astype(np.float32)
+            y = rng.integers(0, 10, 4)
         else:
             x = rng.integers(0, 20, (4, 12))
             y = rng.integers(0, 20, (4, 12))
