@@ -22,7 +22,6 @@ from .autograd import (
     CaptureFallback,
     CompiledStep,
     CompileStatistics,
-    compile,
     ForgottenAwaitWarning,
     Function,
     FunctionCtx,
@@ -31,6 +30,7 @@ from .autograd import (
     grad,
     once_differentiable,
 )
+from .autograd import compile as compile  # not in __all__ (as bool and float): keeps the builtin for star imports
 from .devices import device
 from .ops import *  # noqa: F403  (every op: ag.add, ag.conv2d, ...)
 from .runtime import *  # noqa: F403  (Tensor, the factories, grad modes, Runtime, ...)

@@ -20,7 +20,8 @@ Around it: ``_function.py`` (custom `Function`), ``_checkpoint.py`` (recompute i
 from ..runtime import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ._api import backward, grad
 from ._checkpoint import checkpoint
-from ._compile import CaptureFallback, CompiledStep, CompileStatistics, compile
+from ._compile import CaptureFallback, CompiledStep, CompileStatistics
+from ._compile import compile as compile  # not in __all__: a star import must not shadow the builtin
 from ._function import Function, FunctionCtx, once_differentiable
 from ._gradcheck import GradcheckError, gradcheck, gradgradcheck
 from ._leaf_owner import queue_callback

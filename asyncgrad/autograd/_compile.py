@@ -17,6 +17,7 @@ import functools
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -70,8 +71,11 @@ class _Recorder:
         self.depth = 0  # > 0 while the eager code a hook wraps runs (its nested hooks pass through)
         self.reason: str | None = None
         self.slot_of: dict[int, int] = {}
-        self.keep: list[Any] = []  # every tensor given a slot (keeps ids valid while recording)
-        self.slot_tensor: list[Tensor] = []
+        self.keep: list[Any] = []  # tensors from outside, arguments, leaves (held: the program reads them)
+        # a kernel's output is held weakly (its slot forgotten when it dies): holding it would change eager's
+        # steal-or-copy decisions (they count references), and with them `.grad`'s version counter
+        self.slot_ref: list[Callable[[], Any]] = []
+        self.slot_meta: list[tuple[Any, ...]] = []
         self.kinds: list[int] = []
         self.ext_start_version: dict[int, int] = {}
         self.arg_slots: list[tuple[int, int]] = []
@@ -103,7 +107,7 @@ class _Recorder:
     def host_read(self, t: Tensor) -> None:
         # an op function that reads values to decide its output's shape (nonzero, masked_select, repeat with
         # tensor repeats, boolean indexing) reads from inside asyncgrad/ops
-        f = sys._getframe(2)
+        f: Any = sys._getframe(2)
         for _ in range(4):
             if f is None:
                 break
@@ -114,9 +118,13 @@ class _Recorder:
                 )
                 return
             f = f.f_back
+        f = sys._getframe(2)
+        while f is not None and f.f_globals.get("__name__", "").startswith("asyncgrad.runtime."):
+            f = f.f_back
+        where = "" if f is None else f" in {f.f_code.co_qualname} ({f.f_code.co_filename}:{f.f_lineno})"
         self.unsupported(
             f"reads a value on the host (.item(), .numpy(), float(), .tolist(), bool()) of a tensor of shape "
-            f"{t._shape}: the step's Python depends on values"
+            f"{t._shape}{where}: the step's Python depends on values"
         )
 
     def grad_set(self, t: Tensor) -> None:
@@ -132,14 +140,22 @@ class _Recorder:
     def _slot(self, t: Tensor, kind: int) -> int:
         i = len(self.kinds)
         self.slot_of[id(t)] = i
-        self.keep.append(t)
-        self.slot_tensor.append(t)
+        if kind == _OUT:
+            self.slot_ref.append(weakref.ref(t, functools.partial(self._forget, id(t), i)))
+        else:
+            self.keep.append(t)
+            self.slot_ref.append(functools.partial(_same, t))
+        self.slot_meta.append((t._shape, t._dtype, t._dev))
         self.kinds.append(kind)
         if kind == _EXT:
             self.ext_start_version[i] = t._version
             if t._dev.type != "cpu":
                 self.unsupported(f"a tensor on {t._dev}: capture covers CPU tensors")
         return i
+
+    def _forget(self, key: int, i: int, _: Any) -> None:
+        if self.slot_of.get(key) == i:
+            del self.slot_of[key]
 
     def _ref(self, t: Tensor) -> int:
         i = self.slot_of.get(id(t))
@@ -204,39 +220,41 @@ class _Recorder:
             self.unsupported("backward(create_graph=True)")
         self._watch(leaf)
         old = leaf._grad
+        # slots first: a tensor from outside keeps the version it had before this step wrote to it
+        gi = self._ref(g)
+        pi = self._ref(leaf)
         if old is not None:
             self.grad_objects.add(id(old))
+            oi = self._ref(old)
         self._eager(accumulate, rt, leaf, g, create_graph, unique, batches)
         if self.reason is not None:
             return
-        gi = self._ref(g)
-        pi = self._ref(leaf)
         if old is None:
             new = leaf._grad
+            assert new is not None  # accumulate set it
             o = self._slot(new, _OUT)  # a new slot even when `new is g`: the .grad the replay hands out
             self.grad_objects.add(id(new))
             self.instrs.append(_acc_new_instr(gi, pi, o, self.kinds[gi] == _OUT))
         else:
-            oi = self._ref(old)
             if self.kinds[oi] == _EXT:
                 self.ext_written.add(oi)
             self.instrs.append(_acc_add_instr(oi, gi))
         self.n_kernels += 1
 
     def inplace(self, t: Tensor, fn: Callable[..., Any], others: tuple[Any, ...], write: bool) -> Tensor:
+        # slots first: a tensor from outside keeps the version it had before this step wrote to it
+        ti = self._ref(t)
+        spec = self._spec(others)
         res: Tensor = self._eager(_capture_free_inplace, t, fn, others, write)
         if self.reason is not None:
             return res
         if self.in_segment:
             self.segment_tensors.add(id(t))
             self.segment_tensors.update(id(o) for o in others if isinstance(o, Tensor))
-            self._ref(t)
-            self._spec(others)
             return res
-        ti = self._ref(t)
         if self.kinds[ti] == _EXT and write:
             self.ext_written.add(ti)
-        self.instrs.append(_inplace_instr(fn, ti, self._spec(others)))
+        self.instrs.append(_inplace_instr(fn, ti, spec))
         self.n_kernels += 1
         return res
 
@@ -262,6 +280,10 @@ class _Recorder:
         if i is not None and self.kinds[i] == _OUT:
             return ("slot", i)
         return ("obj", t)
+
+
+def _same(t: Any) -> Any:
+    return t
 
 
 def _capture_free_inplace(t: Tensor, fn: Callable[..., Any], others: tuple[Any, ...], write: bool) -> Tensor:
@@ -412,6 +434,7 @@ class _Program:
     """One recorded step: instructions over slots, the guards, and what a replay hands back."""
 
     def __init__(self, rec: _Recorder, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        self.result_slots: list[int] = []
         self.n = len(rec.kinds)
         self.instrs = rec.instrs
         self.n_instrs = rec.n_kernels
@@ -422,21 +445,23 @@ class _Program:
         self.arg_sig = _arg_signature(args, kwargs)
         self.kwargs_sig = kwargs
         self.modules = list(rec.modules.values())
-        st, kinds = rec.slot_tensor, rec.kinds
+        kinds = rec.kinds
+        st = [r() for r in rec.slot_ref]  # None: an intermediate that died
         self.ext = [(i, st[i]) for i in range(self.n) if kinds[i] == _EXT]
-        devs = {t._dev for t in st}
+        devs = {m[2] for m in rec.slot_meta}
         if len(devs) > 1:
             raise _Unsupported(f"tensors on more than one device ({sorted(map(str, devs))})")
         self.dev = next(iter(devs)) if devs else None
-        # tensors from outside written in place: parameters, .grad tensors, optimizer state only (a tensor made
-        # in the step and written in place would be replayed on its recorded values)
+        # tensors from outside written in place: parameters, .grad tensors, optimizer state, buffers of the
+        # modules called (a tensor made in the step and written in place would be replayed on its recorded values)
+        buffers = {id(b) for m in self.modules for b in m._buffers.values() if b is not None}
         for i in rec.ext_written:
             t = st[i]
             if not (getattr(t, "_is_param", False) or id(t) in rec.grad_objects or id(t) in rec.segment_tensors
-                    or (t._grad_fn is None and t._rg)):
+                    or (t._grad_fn is None and t._rg) or id(t) in buffers):
                 raise _Unsupported(
                     f"writes in place to a tensor of shape {t._shape} that is neither a parameter, a .grad nor "
-                    "optimizer state (a module buffer or a tensor made in the step)"
+                    "optimizer state nor a buffer of a module called in the step (a tensor made in the step?)"
                 )
         self.written = [st[i] for i in sorted(rec.ext_written | {rec.slot_of[k] for k in rec.segment_tensors})]
         deltas: dict[int, list[Any]] = {}
@@ -466,6 +491,10 @@ class _Program:
         self.fresh_meta = {}
         for i in self.fresh:
             t = st[i]
+            if t is None:  # a .grad the step set and then dropped (zero_grad after step)
+                shape, dtype, _ = rec.slot_meta[i]
+                self.fresh_meta[i] = (shape, dtype, False, None, 0)
+                continue
             gf = t._grad_fn
             if gf is not None and not getattr(gf, "_released", False):
                 raise _Unsupported(
@@ -501,6 +530,7 @@ class _Program:
 
     async def replay(self, args: tuple[Any, ...]) -> Any:
         dev = self.dev
+        assert dev is not None  # a program reads at least its arguments or parameters
         stream = current_stream(dev)
         if len(self.last_seqs) == _RUN_AHEAD and not stream.is_done(self.last_seqs[0]):
             await stream.synchronize(self.last_seqs[0])
@@ -680,13 +710,13 @@ class CompiledStep:
         self._programs.clear()
         self.fallback_reason = None
 
-    def _fall_back(self, reason: str) -> None:
+    def _fall_back(self, reason: str, stacklevel: int = 4) -> None:
         self.fallback_reason = reason
         self._programs.clear()
         warnings.warn(
             f"asyncgrad.compile({getattr(self.fn, '__qualname__', self.fn)!r}): runs eagerly from now on: {reason}",
             CaptureFallback,
-            stacklevel=3,
+            stacklevel=stacklevel,  # the caller's `await step(...)`
         )
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -708,7 +738,7 @@ class CompiledStep:
             self._guard_failures += 1
             self.last_guard_failure = why
             if self._recordings > self.max_recaptures:
-                self._fall_back(f"recorded {self._recordings} times and the guards still fail ({why})")
+                self._fall_back(f"recorded {self._recordings} times and the guards still fail ({why})", 3)
                 self._eager += 1
                 return await self.fn(*args, **kwargs)
         return await self._record(args, kwargs)
@@ -741,7 +771,7 @@ class CompiledStep:
         return result
 
 
-def compile(  # noqa: A001  (PyTorch's name: ag.compile)
+def compile(
     fn: Callable[..., Awaitable[Any]] | None = None,
     *,
     warmup: int = 1,
@@ -769,9 +799,9 @@ def compile(  # noqa: A001  (PyTorch's name: ag.compile)
     (``.item()``, ``.numpy()``, ``float()``, ``bool()``); has data-dependent shapes (``nonzero``, masked
     selection); has Python hooks on a tensor, node or module (they are not replayed); draws random numbers
     (dropout, ``randn``: the draw happens in Python at call time); writes in place to a tensor that is not
-    a parameter, `.grad` or optimizer state (module buffers such as BatchNorm's running statistics); uses
+    a parameter, `.grad`, optimizer state or a module's buffer (a tensor made in the step); uses
     ``create_graph=True``, an argument that requires grad, ``step(closure)``, or returns a tensor whose
-    graph is still kept.
+    graph is still kept. Module buffers written in the step (BatchNorm's running statistics) are replayed.
 
     Limits: ``fn``'s other Python side effects are not re-run on replay (only the optimizers' ``step``
     is); the tensors a replay reads are the objects the recording saw (replace a parameter *object* and

@@ -115,6 +115,7 @@ def state_arrays(model: Any, opt: Any) -> list[tuple[str, Any]]:
         out.append((name + ".grad", None if p.grad is None else p.grad.numpy().copy()))
         out.append((name + ".grad.strides", None if p.grad is None else p.grad.numpy().strides))
         out.append((name + "._version", p._version))
+        out.append((name + ".grad._version", None if p.grad is None else p.grad._version))
         for k, v in opt.state[p].items():
             out.append((f"{name}.state.{k}", v.numpy().copy() if isinstance(v, ag.Tensor) else v))
     return out
