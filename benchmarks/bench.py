@@ -33,6 +33,7 @@ WORKLOADS = {
     "W6": "w6_rpc",
     "W7": "w7_ddp",
     "W8": "w8_dist_autograd",
+    "CAPTURE": "wc_capture",
     "LOAD": "load_steps",
 }
 

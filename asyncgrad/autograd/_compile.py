@@ -32,9 +32,9 @@ from ..runtime._inplace import inplace
 from ..runtime._layout import empty_like_contract, obeys_contract
 from ..runtime._runtime import current_stream
 from ..runtime._tensor import Tensor
-from ..runtime._xp import NP
+from ..runtime._xp import NP, sum_to
 from ._accumulate import accumulate
-from ._run_node import _NodeView, apply_op_kernel, run_rule
+from ._run_node import _NodeView, apply_op_kernel
 
 __all__ = ["CaptureFallback", "CompileStatistics", "CompiledStep", "compile"]
 
@@ -325,18 +325,29 @@ def _k_instr(kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any],
 
 
 def _rule_instr(view: Any, gi: int, spec: tuple[tuple[int, Any], ...], oi: int, rs: tuple[int, ...]) -> Any:
+    # `run_rule`'s work, less its checks of what the rule returns (the recording passed them with these shapes)
+    rule, kw, needs = view.op.rule, view.kw, view.needs
+    wanted = tuple((k, r) for k, r in enumerate(rs) if r >= 0)
+
     def run(s: list[Any], al: set[int]) -> None:
         arrays = [s[i] if i >= 0 else c for i, c in spec]
         gd = s[gi]
-        gs = run_rule(view, NP, gd, arrays, None if oi < 0 else s[oi])
+        gs = rule(NP, gd, arrays, None if oi < 0 else s[oi], kw, needs)
         seen: list[Any] = [gd, *arrays]
-        for r, x in zip(rs, gs):
-            if r >= 0:
-                s[r] = x
-                # the rule handed back the incoming grad or one array for two inputs: never steal it
-                if any(x is y for y in seen):
+        for k, r in wanted:
+            x = gs[k]
+            a = arrays[k]
+            if x.shape != a.shape:
+                x = sum_to(NP, x, tuple(a.shape))
+            if x.dtype != a.dtype:
+                x = NP.astype(x, a.dtype)
+            s[r] = x
+            # the rule handed back the incoming grad or one array for two inputs: never steal it
+            for y in seen:
+                if x is y:
                     al.add(r)
-                seen.append(x)
+                    break
+            seen.append(x)
 
     return run
 
