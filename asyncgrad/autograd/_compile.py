@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import trio
 
 from ..devices import private_base
 from ..runtime import _capture, _grad_mode
@@ -546,6 +547,7 @@ class _Program:
         if len(self.last_seqs) == _RUN_AHEAD and not stream.is_done(self.last_seqs[0]):
             await stream.synchronize(self.last_seqs[0])
         else:
+            await trio.lowlevel.checkpoint()  # a replay can be cancelled before it changes anything
             stream.check_error()
         bound = [(i, args[pos]) for pos, i in self.arg_slots]
         for t in self.ext_tensors:

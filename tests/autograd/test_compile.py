@@ -260,3 +260,28 @@ async def test_batchnorm_buffers_and_detach(rt):
                 assert b1.numpy().tobytes() == b2.numpy().tobytes()
                 assert b1._version == b2._version, (b1._version, b2._version)
     assert step.statistics().replays == 4 and step.fallback_reason is None
+
+
+async def test_replay_is_one_lane_job_and_keeps_grads_on_cancel(rt):
+    """A replay queues the whole step as ONE job on the task's stream (no kernel per op); a replay cancelled
+    while it waits for its run-ahead leaves every .grad as it was."""
+    m, o, _, _ = twin("mlp", "adam")
+    step = ag.compile(step_fn("mlp", m, o))
+    data = batches("mlp", 4)
+    with trio.fail_after(30):
+        for x, y in data[:2]:
+            await step(x, y)
+        await ag.current_runtime().synchronize()
+        stream = ag.runtime.current_stream(m.fc1.weight.device)
+        before = stream.submitted
+        loss = await step(*data[2])
+        assert stream.submitted - before == 1 and step.statistics().replays == 1
+        grads = [p.grad for p in m.parameters()]
+        state = [dict(o.state[p]) for p in m.parameters()]
+        with trio.CancelScope() as cs:
+            cs.cancel()
+            await step(*data[3])  # cancelled at its first checkpoint, before it changes anything
+        assert cs.cancelled_caught and step.statistics().replays == 1
+        assert all(p.grad is g for p, g in zip(m.parameters(), grads))
+        assert [o.state[p]["step"] for p in m.parameters()] == [s["step"] for s in state]
+        await ag.current_runtime().synchronize()
