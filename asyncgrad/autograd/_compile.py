@@ -315,6 +315,18 @@ def _k_instr(kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any],
             s[o] = res if res.dtype == dtype else res.astype(dtype)
 
         return run2
+    if len(spec) == 2 and not kw and (spec[0][0] >= 0) != (spec[1][0] >= 0):
+        # a tensor and a Python number (``y * 1.0001``): W2's every other op
+        first = spec[0][0] >= 0
+        i, c = (spec[0][0], spec[1][1]) if first else (spec[1][0], spec[0][1])
+
+        def run2c(s: list[Any], al: set[int]) -> None:
+            res = kernel(s[i], c) if first else kernel(c, s[i])
+            if type(res) is not np.ndarray:
+                res = np.asarray(res)
+            s[o] = res if res.dtype == dtype else res.astype(dtype)
+
+        return run2c
 
     def run(s: list[Any], al: set[int]) -> None:
         res = kernel(*[s[i] if i >= 0 else c for i, c in spec], **kw)
