@@ -25,7 +25,7 @@ import attrs
 import numpy as np
 import trio
 
-from ..devices import private_base
+from ..devices import HOST_CACHE_MIN_BYTES, lane_empty, private_base
 from ..runtime import _capture, _grad_mode
 from ..runtime._capture import CaptureFallback
 from ..runtime._dispatch import _cast_kernel, apply, wait_for
@@ -197,7 +197,11 @@ class _Recorder:
         dtype = out._dtype
         kernel = _cast_kernel(op.kernel, args, dtype) if op.cast_in else op.kernel
         o = self._slot(out, _OUT)
-        self.instrs.append(_k_instr(kernel, spec, kw, dtype, o))
+        if op.fills_out and out._dtype.itemsize * int(np.prod(out._shape)) >= HOST_CACHE_MIN_BYTES:
+            # as `_dispatch._enqueue` does: the output from the lane's host cache (no page faults per step)
+            self.instrs.append(_k_out_instr(kernel, spec, kw, dtype, out._shape, o))
+        else:
+            self.instrs.append(_k_instr(kernel, spec, kw, dtype, o))
         self.n_kernels += 1
         return out
 
@@ -332,6 +336,20 @@ def _k_instr(kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any],
         res = kernel(*[s[i] if i >= 0 else c for i, c in spec], **kw)
         if type(res) is not np.ndarray:
             res = np.asarray(res)
+        s[o] = res if res.dtype == dtype else res.astype(dtype)
+
+    return run
+
+
+def _k_out_instr(
+    kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any], dtype: Any, shape: tuple[int, ...], o: int
+) -> Any:
+    def run(s: list[Any], al: set[int]) -> None:
+        arrays = [s[i] if i >= 0 else c for i, c in spec]
+        if all(x.dtype == dtype and x.flags.c_contiguous for x in arrays if isinstance(x, np.ndarray)):
+            s[o] = kernel(*arrays, out=lane_empty(shape, dtype), **kw)
+            return
+        res = kernel(*arrays, **kw)
         s[o] = res if res.dtype == dtype else res.astype(dtype)
 
     return run
