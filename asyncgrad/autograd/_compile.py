@@ -829,7 +829,9 @@ def compile(
     later calls whose guards hold replay the recording as one job on the task's stream, with no per-op
     dispatch. The results are the eager ones bit for bit: returned tensors, `.grad`, parameters,
     optimizer state (an optimizer's ``step()`` re-runs its Python on replay, so step counts, bias
-    corrections and learning-rate schedules stay exact) and version counters.
+    corrections and learning-rate schedules stay exact), module buffers and the version counters of
+    parameters and buffers. A new ``.grad``'s version counter is the recording's: eager's own is 0 or 1
+    depending on whether it stole or copied the gradient, which depends on timing.
 
     Guards (checked per call; a failing one records again, keeping at most ``max_programs`` programs):
     the arguments' shapes, dtypes, devices, requires_grad and (for numbers) values; grad mode; the shape,
