@@ -40,6 +40,7 @@ from ._run_node import _NodeView, apply_op_kernel
 __all__ = ["CaptureFallback", "CompileStatistics", "CompiledStep", "compile"]
 
 _ARG, _EXT, _OUT = 0, 1, 2
+_NPX: Any = NP  # the rule namespace, with the functions ops register into it (`register_xp`)
 _RUN_AHEAD = 2  # replays queued ahead of their lane at most (each holds its step's arrays)
 
 
@@ -371,7 +372,7 @@ def _rule_instr(view: Any, gi: int, spec: tuple[tuple[int, Any], ...], oi: int, 
             if x.shape != a.shape:
                 x = sum_to(NP, x, tuple(a.shape))
             if x.dtype != a.dtype:
-                x = NP.astype(x, a.dtype)
+                x = _NPX.astype(x, a.dtype)
             s[r] = x
             # the rule handed back the incoming grad or one array for two inputs: never steal it
             for y in seen:
