@@ -19,6 +19,9 @@ import numpy as np
 from . import _tensor_methods, autograd, cuda, distributed, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)
 from .autograd import (
     BackwardError,
+    CaptureFallback,
+    CompiledStep,
+    CompileStatistics,
     ForgottenAwaitWarning,
     Function,
     FunctionCtx,
@@ -27,6 +30,7 @@ from .autograd import (
     grad,
     once_differentiable,
 )
+from .autograd import compile as compile  # not in __all__ (as bool and float): keeps the builtin for star imports
 from .devices import device
 from .ops import *  # noqa: F403  (every op: ag.add, ag.conv2d, ...)
 from .runtime import *  # noqa: F403  (Tensor, the factories, grad modes, Runtime, ...)
@@ -51,6 +55,9 @@ __all__ = [
     *runtime.__all__,
     "ForgottenAwaitWarning",
     "BackwardError",
+    "CaptureFallback",
+    "CompileStatistics",
+    "CompiledStep",
     "Function",
     "FunctionCtx",
     "autograd",

@@ -40,6 +40,7 @@ from .ops._elementwise import (
 from .ops._index import setitem_parts
 from .ops._linalg import OP_MATMUL
 from .ops._shape import _T
+from .runtime import _capture
 from .runtime import _inplace as I
 from .runtime._dispatch import apply, apply1, apply2
 from .runtime._factories import default_generator, empty, get_default_dtype, tensor
@@ -112,7 +113,8 @@ PROPERTIES = {"T": _T, "mT": lambda x: ops.transpose(x, -2, -1)}
 
 
 def _detached(self: Tensor, share: builtins.bool) -> Tensor:
-    if is_ready(self):
+    # while a compiled step records, an op: a wrapper of the recorded array would be replayed as a constant
+    if is_ready(self) and _capture.active is None:
         t = Tensor._wrap(self._value(), self._dev)
         if share:
             share_version(self, t)

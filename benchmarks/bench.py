@@ -35,6 +35,7 @@ WORKLOADS = {
     "W7": "w7_ddp",
     "W8": "w8_dist_autograd",
     "W9": "w9_real_models",
+    "CAPTURE": "wc_capture",
     "LOAD": "load_steps",
 }
 

@@ -21,6 +21,8 @@ from ..runtime import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ._api import backward, grad
 from ._checkpoint import checkpoint
 from ._commit_now import commit_gradients as commit_gradients
+from ._compile import CaptureFallback, CompiledStep, CompileStatistics
+from ._compile import compile as compile  # not in __all__: a star import must not shadow the builtin
 from ._function import Function, FunctionCtx, once_differentiable
 from ._gradcheck import GradcheckError, gradcheck, gradgradcheck
 from ._leaf_owner import queue_callback
@@ -29,6 +31,9 @@ from ._unawaited import ForgottenAwaitWarning
 
 __all__ = [
     "BackwardError",
+    "CaptureFallback",
+    "CompileStatistics",
+    "CompiledStep",
     "ForgottenAwaitWarning",
     "Function",
     "FunctionCtx",

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..devices import private_base
 from ..ops._convert import copy_to_layout
-from ..runtime import _grad_mode
+from ..runtime import _capture, _grad_mode
 from ..runtime._dispatch import wait_for
 from ..runtime._inplace import inplace
 from ..runtime._layout import empty_like_contract, obeys_contract
@@ -34,6 +34,10 @@ def accumulate(
     backward pass never waits for its kernels; such decisions are collected in ``batches`` (per stream)
     and queued as one kernel per stream by `submit_steals`.
     """
+    rec = _capture.active
+    if rec is not None and rec.wants():  # a compiled step records (`autograd._compile`)
+        rec.accumulate(rt, leaf, g, create_graph, unique, batches)
+        return
     old = leaf._grad
     if old is None:
         if create_graph and g._rg:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from ..runtime._capture import capture_active
 from ..runtime._factories import zeros_like
 from ..runtime._runtime import Runtime, _task_streams, _TaskStreams, current_runtime, current_stream
 from ..runtime._tensor import Tensor
@@ -253,6 +254,8 @@ def backward(
                 t.retain_grad()
         targets = set(keys)
     retain = create_graph if retain_graph is None else retain_graph
+    if create_graph and capture_active() is not None:
+        capture_active().unsupported("backward(create_graph=True): the backward is recorded as a graph")
     p = Pass(rt, outputs, grads, retain_graph=retain, create_graph=create_graph, targets=targets,
              finish=_finish_backward)
     _unawaited.created(p, "loss.backward()")
@@ -322,6 +325,8 @@ def grad(
     ins, keys = _targets_of("grad", inputs)
     grads = _root_grads("grad", outs, None if grad_outputs is None else _as_list(grad_outputs))
     retain = create_graph if retain_graph is None else retain_graph
+    if create_graph and capture_active() is not None:
+        capture_active().unsupported("grad(create_graph=True): the backward is recorded as a graph")
     p = _grad(rt, outs, grads, ins, keys, retain, create_graph, allow_unused, None)
     return _materialized(p, ins) if materialize_grads else p
 

@@ -11,6 +11,7 @@ import contextvars
 from typing import Any
 
 from ..devices import INLINE_MAX_ELEMENTS, Stream
+from ..runtime import _capture
 from ..runtime._dispatch import wait_for
 from ..runtime._node import OpNode, check_saved_versions
 from ..runtime._op import camel
@@ -47,6 +48,9 @@ in_plain_backward: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     """Run the node's rule on numpy arrays: inline when tiny and ready, else as one kernel on its stream."""
+    rec = _capture.active
+    if rec is not None and rec.wants():  # a compiled step records (`autograd._compile`)
+        return rec.rule(node, g, task_stream)  # type: ignore[no-any-return]
     check_saved_versions(node)  # here on the loop, before anything is queued (the kernel reads `_data` later)
     args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
     out = node.out

@@ -19,6 +19,7 @@ from ..runtime import (
     RemovableHandle,
     Tensor,
     add_hook,
+    capture_active,
     current_runtime,
     get_default_dtype,
     no_grad,
@@ -242,6 +243,9 @@ class Module:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        rec = capture_active()
+        if rec is not None:  # a compiled step records: it guards on this module's hooks
+            rec.module_called(self, bool(self._forward_pre_hooks or self._forward_hooks))
         if self._forward_pre_hooks:
             for hook in list(self._forward_pre_hooks.values()):
                 r = hook(self, args)

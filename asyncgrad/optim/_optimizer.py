@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import Tensor, empty_like_contract, inplace, no_grad, zero_grads
+from ..runtime import Tensor, capture_active, empty_like_contract, inplace, no_grad, zero_grads
 from ._port_common import check_hyper
 
 __all__ = ["Optimizer", "count_step", "fused_update", "state_like"]
@@ -185,6 +185,12 @@ class Optimizer:
         Returns:
             The closure's loss, or None.
         """
+        rec = capture_active()
+        if rec is not None:  # a compiled step records: it replays this step's kernels, re-made each call
+            return rec.host_segment(self, closure, self._step)
+        return self._step(closure)
+
+    def _step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
         if closure is not None:
             loss = closure()
@@ -203,6 +209,16 @@ class Optimizer:
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def _capture_guard(self) -> tuple[Any, ...]:
+        """What a compiled step's replay of `step` depends on: each parameter, whether it has a ``.grad``
+        and its state's keys (a first step creates state, so it is recorded again)."""
+        st = self.state
+        return tuple(
+            (id(p), p._grad is None, tuple(st[p]) if p in st else ())
+            for group in self.param_groups
+            for p in group["params"]
+        )
 
     # ---- state dicts ----------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ The layers above build on these names: `asyncgrad.ops` registers its ops into th
 the rule namespaces (`register_xp`), `asyncgrad.autograd` runs the graph of `Node`s that `apply` records.
 """
 
+from ._capture import CaptureFallback as CaptureFallback
+from ._capture import capture_active as capture_active
 from ._dispatch import apply
 
 # for the layers above (nn's hooks, optim's in-place updates, distributed's comm streams); not in __all__, so

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import HOST_CACHE_MIN_BYTES, INLINE_MAX_ELEMENTS, Stream, lane_empty
-from . import _grad_mode
+from . import _capture, _grad_mode
 from ._node import OpNode
 from ._op import _FLOAT_DTYPES, EMPTY, Op, OpError
 from ._runtime import _NO_RUNTIME, NoRuntimeError, _current, current_stream
@@ -28,6 +28,9 @@ def _no_runtime(op: Op) -> None:
 
 def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
     """Run ``op`` on ``args``: inline when tiny and its inputs are ready, else queued on the task's stream."""
+    rec = _capture.active
+    if rec is not None and rec.wants():  # a compiled step records (`autograd._compile`)
+        return rec.apply(op, args, kw)
     rt = _current.get()
     if rt is None or rt.closed:
         _no_runtime(op)
@@ -107,6 +110,8 @@ def _cast_kernel(kernel: Callable[..., Any], args: tuple[Any, ...], dtype: np.dt
 
 def apply1(op: Op, a: Any) -> Any:
     """`apply` for a unary elementwise op (the hot path of small graphs)."""
+    if _capture.active is not None:
+        return apply(op, (a,))
     rt = _current.get()
     if rt is None or rt.closed:
         _no_runtime(op)
@@ -134,6 +139,8 @@ def apply1(op: Op, a: Any) -> Any:
 def apply2(op: Op, a: Any, b: Any) -> Any:
     """`apply` for a binary elementwise op: inline when both operands are ready, small and same-shaped,
     of one dtype (or a tensor and a Python number) for which numpy's result dtype is PyTorch's."""
+    if _capture.active is not None:
+        return apply(op, (a, b))
     rt = _current.get()
     if rt is None or rt.closed:
         _no_runtime(op)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _promote
+from . import _capture, _promote
 from ._lane_factories import big, child_generator, copy_on_lane, on_lane
 from ._runtime import current_runtime
 from ._tensor import Tensor
@@ -40,6 +40,9 @@ def manual_seed(seed: int) -> np.random.Generator:
 
 def default_generator() -> np.random.Generator:
     """This thread's default generator (what randn/rand/dropout/nn.init draw from when given none)."""
+    rec = _capture.active
+    if rec is not None and rec.wants():
+        rec.unsupported("draws random numbers (dropout, randn, rand, ...): the draw happens in Python at call time")
     g = getattr(_rng_local, "gen", None)
     if g is None:
         g = _rng_local.gen = np.random.default_rng()

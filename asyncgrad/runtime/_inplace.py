@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import INLINE_MAX_ELEMENTS, add_scaled
-from . import _grad_mode
+from . import _capture, _grad_mode
 from ._dispatch import wait_for
 from ._meta import check_int_div
 from ._runtime import current_stream
@@ -27,6 +27,9 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
     Every write bumps ``t``'s version counter (PyTorch's; the one place that does, shared with t's views), so a backward
     node that saved ``t`` sees the change; ``write=False`` for a kernel that only reads ``t``.
     """
+    rec = _capture.active
+    if rec is not None and rec.wants():  # a compiled step records (`autograd._compile`)
+        return rec.inplace(t, fn, others, write)  # type: ignore[no-any-return]
     for o in others:
         if isinstance(o, Tensor) and o._dev is not t._dev:
             raise RuntimeError(
@@ -140,12 +143,20 @@ def itruediv(self: Tensor, other: Any) -> Tensor:
 
 def _iop(self: Tensor, other: Any, ufunc: Any, name: str) -> Tensor:
     check_inplace(self, name, other)
-    if type(other) is Tensor and other._defer is False and "_scaled" in other.__dict__:
+    if type(other) is Tensor and other._defer is False and "_scaled" in other.__dict__ and _no_capture(name):
         # `p -= lr * g`: one pass over memory, without the temporary, when `lr * g` is not used elsewhere
         done = scaled_update(self, other, ufunc)
         if done is not None:
             return done
     return inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
+
+def _no_capture(name: str) -> bool:
+    """False while a compiled step records: its kernel decides at run time, so it cannot be replayed."""
+    rec = _capture.active
+    if rec is not None and rec.wants():
+        rec.unsupported(f"`p {name}= k * g` fused into one update (scaled_update) decides at run time")
+    return True
+
 
 def check_inplace(self: Tensor, name: str, *values: Any) -> None:
     if not _grad_mode._grad_enabled.get():

@@ -12,6 +12,7 @@ import numpy as np
 import trio
 
 from ..devices import Device, Stream
+from . import _capture
 from ._runtime import _task_streams, current_runtime
 from ._sync_access import blocking_wait
 
@@ -229,6 +230,9 @@ class Tensor:
                     f"but the tensor has shape {self._shape}, dtype {self._dtype}, device {self._dev}; "
                     "they must match"
                 )
+        rec = _capture.active
+        if rec is not None and rec.wants():
+            rec.grad_set(self)
         self._grad = value
 
     @property
@@ -238,6 +242,9 @@ class Tensor:
     # ---- values ----------------------------------------------------------------------------------
 
     def _value(self) -> np.ndarray:
+        rec = _capture.active
+        if rec is not None and rec.wants():  # a compiled step records: a value read on the host
+            rec.host_read(self)
         s = self._stream
         if s is not None and s.completed < self._seq:
             seq = self._seq

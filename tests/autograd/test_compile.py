@@ -1,0 +1,288 @@
+"""ag.compile: captured training is bit for bit the eager training; each fallback reason is reported."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+import asyncgrad as ag
+
+from ._compile_models import assert_same, batches, state_arrays, step_fn, twin
+
+STEPS = 20
+
+
+async def _train_both(kind: str, opt: str, steps: int = STEPS) -> ag.CompiledStep:
+    m1, o1, m2, o2 = twin(kind, opt)
+    eager = step_fn(kind, m1, o1)
+    step = ag.compile(step_fn(kind, m2, o2))
+    for x, y in batches(kind, steps):
+        l1 = await eager(x, y)
+        l2 = await step(x, y)
+        await ag.current_runtime().synchronize()
+        assert l1.numpy().tobytes() == l2.numpy().tobytes()
+        assert l1.requires_grad == l2.requires_grad and l1._version == l2._version
+        assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+    return step
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+async def test_mlp_bit_identical(rt, opt):
+    with trio.fail_after(60):
+        step = await _train_both("mlp", opt)
+    st = step.statistics()
+    assert st.fallback_reason is None
+    assert (st.eager_calls, st.recordings, st.replays) == (1, 1, STEPS - 2)
+    assert st.instructions > 10
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+async def test_cnn_bit_identical(rt, opt):
+    with trio.fail_after(60):
+        step = await _train_both("cnn", opt)
+    st = step.statistics()
+    assert st.fallback_reason is None and st.replays == STEPS - 2
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+async def test_lstm_bit_identical(rt, opt):
+    with trio.fail_after(60):
+        step = await _train_both("lstm", opt)
+    st = step.statistics()
+    assert st.fallback_reason is None and st.replays == STEPS - 2
+
+
+# ---- fallbacks: each reason, the warning once, and the eager results ------------------------------------
+
+
+async def _fallback(make_step, n: int = 4):
+    """Run a compiled step and the same eager step side by side; returns (step, warnings)."""
+    m1, o1, m2, o2 = twin("mlp", "sgd")
+    eager, step = make_step(m1, o1), ag.compile(make_step(m2, o2))
+    with pytest.warns(ag.CaptureFallback) as caught:
+        for i, (x, y) in enumerate(batches("mlp", n)):
+            ag.manual_seed(i)  # the same draws for both (dropout)
+            await eager(x, y)
+            ag.manual_seed(i)
+            await step(x, y)
+    await ag.current_runtime().synchronize()
+    assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+    st = step.statistics()
+    assert st.replays == 0 and st.recordings == 1 and st.programs == 0
+    assert len([w for w in caught if issubclass(w.category, ag.CaptureFallback)]) == 1
+    assert st.fallback_reason == step.fallback_reason
+    return step
+
+
+def _plain(extra):
+    def make_step(model, opt):
+        async def fn(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(extra(model, model(x)), y)
+            await loss.backward()
+            opt.step()
+            return loss
+
+        return fn
+
+    return make_step
+
+
+F = ag.nn.functional
+
+
+async def test_fallback_item(rt):
+    def make_step(model, opt):
+        async def fn(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            await loss.backward()
+            opt.step()
+            return float(await loss.ready())
+
+        return fn
+
+    with trio.fail_after(30):
+        step = await _fallback(make_step)
+    assert "reads a value on the host" in step.fallback_reason
+
+
+async def test_fallback_data_dependent_shape(rt):
+    with trio.fail_after(30):
+        step = await _fallback(_plain(lambda m, out: out + ag.nonzero(out > 0).shape[0] * 0.0))
+    assert "data-dependent shape" in step.fallback_reason and "nonzero" in step.fallback_reason
+
+
+async def test_fallback_random_op(rt):
+    with trio.fail_after(30):
+        step = await _fallback(_plain(lambda m, out: F.dropout(out, 0.5)))
+    assert "random" in step.fallback_reason
+
+
+async def test_fallback_tensor_hook(rt):
+    def make_step(model, opt):
+        model.fc1.weight.register_hook(lambda g: g * 2.0)
+        return _plain(lambda m, out: out)(model, opt)
+
+    with trio.fail_after(30):
+        step = await _fallback(make_step)
+    assert "Python hook on a leaf" in step.fallback_reason
+
+
+async def test_fallback_module_hook(rt):
+    def make_step(model, opt):
+        model.fc2.register_forward_hook(lambda mod, args, out: out * 0.5)
+        return _plain(lambda m, out: out)(model, opt)
+
+    with trio.fail_after(30):
+        step = await _fallback(make_step)
+    assert "forward hook on module Linear" in step.fallback_reason
+
+
+async def test_fallback_create_graph(rt):
+    def make_step(model, opt):
+        async def fn(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            await loss.backward(create_graph=True)
+            opt.step()
+            return loss.detach()
+
+        return fn
+
+    with trio.fail_after(30):
+        step = await _fallback(make_step)
+    assert "create_graph" in step.fallback_reason
+
+
+async def test_guard_failure_recaptures_with_a_bound(rt):
+    """A new batch shape records again (bit-identical still); max_programs bounds what is kept, and a
+    step whose guards keep failing after max_recaptures recordings runs eagerly, saying why."""
+    m1, o1, m2, o2 = twin("mlp", "sgd")
+    eager = step_fn("mlp", m1, o1)
+    step = ag.compile(step_fn("mlp", m2, o2), max_programs=2, max_recaptures=3)
+    rng = np.random.default_rng(5)
+    with trio.fail_after(30):
+        for n in [8, 8, 8, 16, 16, 8, 16, 4, 4]:
+            x = ag.tensor(rng.standard_normal((n, 32)).astype(np.float32))
+            y = ag.tensor(rng.integers(0, 10, n))
+            await eager(x, y)
+            await step(x, y)
+        await ag.current_runtime().synchronize()
+        assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+        st = step.statistics()
+        # 8: eager, record, replay; 16: record, replay; 8, 16: replays; 4: record (drops 8's program), replay
+        assert (st.recordings, st.replays, st.programs, st.guard_failures) == (3, 5, 2, 2)
+        assert "shapes" in step.last_guard_failure
+        with pytest.warns(ag.CaptureFallback, match="guards still fail"):
+            for n in [5, 6, 7]:
+                x = ag.tensor(rng.standard_normal((n, 32)).astype(np.float32))
+                y = ag.tensor(rng.integers(0, 10, n))
+                await eager(x, y)
+                await step(x, y)
+        await ag.current_runtime().synchronize()
+        assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+        assert "recorded" in step.fallback_reason
+
+
+async def test_grad_kept_and_lr_schedule(rt):
+    """zero_grad(set_to_none=False) (accumulation into the same .grad, in place) and a learning-rate
+    schedule between steps (the optimizer's kernels are re-made on each replay): still bit-identical."""
+    m1, o1, m2, o2 = twin("mlp", "adam")
+    s1, s2 = ag.optim.lr_scheduler.StepLR(o1, 2, 0.5), ag.optim.lr_scheduler.StepLR(o2, 2, 0.5)
+
+    def make_step(model, opt):
+        async def fn(x, y):
+            opt.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(x), y)
+            await loss.backward()
+            opt.step()
+            return loss
+
+        return fn
+
+    eager, step = make_step(m1, o1), ag.compile(make_step(m2, o2))
+    with trio.fail_after(30):
+        for x, y in batches("mlp", 8):
+            await eager(x, y)
+            await step(x, y)
+            s1.step()
+            s2.step()
+        await ag.current_runtime().synchronize()
+    assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+    st = step.statistics()
+    # the first step leaves .grad None, the second has one: a guard failure, then replays
+    assert st.replays >= 5 and st.fallback_reason is None
+
+
+async def test_fallback_inplace_on_a_tensor_made_in_the_step(rt):
+    def extra(m, out):
+        t = ag.zeros(out.shape)
+        t.add_(1.0)  # in place on a tensor made here: its recorded value would be replayed
+        return out + t
+
+    with trio.fail_after(30):
+        step = await _fallback(_plain(extra))
+    assert "writes in place to a tensor of shape (16, 10)" in step.fallback_reason
+
+
+async def test_batchnorm_buffers_and_detach(rt):
+    """Module buffers written in the step (BatchNorm's running statistics, its batch counter) replay in place;
+    `.detach()` inside the step is recorded as an op."""
+    nn = ag.nn
+
+    def make():
+        ag.manual_seed(0)
+        m = nn.Sequential(nn.Linear(32, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+        return m, ag.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    def make_step(model, opt):
+        async def fn(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            await loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return fn
+
+    (m1, o1), (m2, o2) = make(), make()
+    eager, step = make_step(m1, o1), ag.compile(make_step(m2, o2))
+    with trio.fail_after(30):
+        for x, y in batches("mlp", 6):
+            l1 = await eager(x, y)
+            l2 = await step(x, y)
+            await ag.current_runtime().synchronize()
+            assert l1.numpy().tobytes() == l2.numpy().tobytes()
+            assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+            for b1, b2 in zip(m1.buffers(), m2.buffers()):
+                assert b1.numpy().tobytes() == b2.numpy().tobytes()
+                assert b1._version == b2._version, (b1._version, b2._version)
+    assert step.statistics().replays == 4 and step.fallback_reason is None
+
+
+async def test_replay_is_one_lane_job_and_keeps_grads_on_cancel(rt):
+    """A replay queues the whole step as ONE job on the task's stream (no kernel per op); a replay cancelled
+    while it waits for its run-ahead leaves every .grad as it was."""
+    m, o, _, _ = twin("mlp", "adam")
+    step = ag.compile(step_fn("mlp", m, o))
+    data = batches("mlp", 4)
+    with trio.fail_after(30):
+        for x, y in data[:2]:
+            await step(x, y)
+        await ag.current_runtime().synchronize()
+        stream = ag.runtime.current_stream(m.fc1.weight.device)
+        before = stream.submitted
+        loss = await step(*data[2])
+        assert stream.submitted - before == 1 and step.statistics().replays == 1
+        assert not loss.requires_grad or loss.grad_fn is not None  # as eager leaves it: released graph
+        grads = [p.grad for p in m.parameters()]
+        state = [dict(o.state[p]) for p in m.parameters()]
+        with trio.CancelScope() as cs:
+            cs.cancel()
+            await step(*data[3])  # cancelled at its first checkpoint, before it changes anything
+        assert cs.cancelled_caught and step.statistics().replays == 1
+        assert all(p.grad is g for p, g in zip(m.parameters(), grads))
+        assert [o.state[p]["step"] for p in m.parameters()] == [s["step"] for s in state]
+        await ag.current_runtime().synchronize()
