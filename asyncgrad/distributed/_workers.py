@@ -464,7 +464,7 @@ class Workers:
             w.process = launch(w.name, self.address, self._secret)
             w.pid = w.process.pid
             self._nursery.start_soon(self._watch_exit, w)
-        await self._wait_ready(start_timeout)
+        await self._wait_ready(start_timeout, new)
         return new
 
     async def _watch_exit(self, w: Worker) -> None:
@@ -479,20 +479,23 @@ class Workers:
             # the process is gone but its connection lingers (should not happen): close it
             w.peer.conn.close()
 
-    async def _wait_ready(self, timeout: float) -> None:
+    async def _wait_ready(self, timeout: float, which: list[Worker] | None = None) -> None:
+        """Until ``which`` (default: every worker) and the remote workers expected are ready; raises the
+        failure of the first that failed (a worker that failed to start earlier fails no later start)."""
         with trio.move_on_after(timeout) as cs:
-            for w in list(self._workers):
+            for w in list(self._workers) if which is None else which:
                 await w._ready.wait()
                 if w._failed is not None:
                     raise w._failed
+            remote_before = len(self._workers)
             while self._expected_remote > 0:
                 await trio.sleep(0.05)
-            for w in list(self._workers):
+            for w in list(self._workers) if which is None else self._workers[remote_before:]:
                 await w._ready.wait()
                 if w._failed is not None:
                     raise w._failed
         if cs.cancelled_caught:
-            missing = [w.name for w in self._workers if not w._ready.is_set()]
+            missing = [w.name for w in (self._workers if which is None else which) if not w._ready.is_set()]
             extra = f" and {self._expected_remote} remote worker(s)" if self._expected_remote else ""
             raise TimeoutError(f"workers {missing}{extra} did not start within {timeout:g} s")
 
