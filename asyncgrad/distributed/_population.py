@@ -426,7 +426,10 @@ async def open_population(
             ``cpus // workers`` CPUs, the cluster's CPUs shared as above; needs ``pip install
             'asyncgrad[ray]'``). Ray is used as it is when initialised, else started here (``ray.init()``,
             a local Ray, or ``ray.init(address)``) and shut down on leaving. The actors connect back to
-            this process over TCP with the population's secret; the data never goes through Ray.
+            this process over TCP with the population's secret; the data never goes through Ray. On a
+            cluster of other machines, asyncgrad and the training's module must import on its nodes
+            (installed there, or shipped with the job's ``ray.init(runtime_env=...)``); a worker whose
+            actor died reports ``exitcode`` None (Ray does not say how a process ended).
         address: The Ray cluster to join (``backend="ray"`` only, when Ray is not initialised yet).
         max_concurrent: Trainings at once per worker core (more wait for room).
         max_retries: How often a run whose worker died restarts (on another worker, from its last
