@@ -10,6 +10,8 @@ Contenders:
   and one BLAS thread per core it has, the default per-worker limit), P feeders starting trainings on it
   (the population caps what runs at once at its limit: P above it only queues); the workers start and
   are warmed before the clock does;
+- asyncgrad population-ray: the same with ``backend="ray"`` (K=2 Ray actors on a local Ray of the
+  machine's cores, started once before the clock; skipped when ray is not installed);
 - torch multiprocessing: a pool of min(P, cores) spawned processes (1 intra-op thread each, started and
   warmed before the clock), the same 32 trainings;
 - numpy by hand (the floor) on a ThreadPoolExecutor(P): what plain threads over numpy give, with the
@@ -204,8 +206,9 @@ async def pop_training(trial: Any, i: int) -> list[Any]:
 POP_WORKERS = 2
 
 
-def run_population(P: int, n: int, check: bool = False) -> Any:
-    """P trainings in flight over K=2 worker processes; seconds for all ``n`` (workers started before)."""
+def run_population(P: int, n: int, check: bool = False, backend: str = "local") -> Any:
+    """P trainings in flight over K=2 worker processes (``backend="ray"``: Ray actors); seconds for all
+    ``n`` (workers started before)."""
     import trio
 
     import asyncgrad as ag
@@ -213,7 +216,7 @@ def run_population(P: int, n: int, check: bool = False) -> Any:
 
     async def main() -> Any:
         async with ag.open_runtime(lanes=1):
-            async with dist.open_population(workers=POP_WORKERS) as pop:
+            async with dist.open_population(workers=POP_WORKERS, backend=backend) as pop:
                 # warm each worker (imports, first kernels) outside the clock, as the threads' contenders are
                 warm = [await pop.start(pop_training, 0) for _ in range(POP_WORKERS)]
                 for r in warm:
@@ -234,6 +237,16 @@ def run_population(P: int, n: int, check: bool = False) -> Any:
                 return time.perf_counter() - t
 
     return trio.run(main)
+
+
+def _start_ray(cores: int) -> bool:
+    """A local Ray of this machine's cores for the population-ray contender; True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
+    return True
 
 
 def _torch_proc_init() -> None:
@@ -330,6 +343,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         runners["torch multiprocessing (1 thread)"] = run_torch_mp
     else:
         say("  torch: not installed, skipped (pip install torch==2.13.0)")
+    ray_started = have("ray") and _start_ray(cores)  # once, on the main thread (ray.init takes seconds)
+    if have("ray"):
+        runners["asyncgrad population-ray (K=2)"] = lambda P, n: run_population(P, n, backend="ray")
+    else:
+        say("  population-ray: ray not installed, skipped (pip install 'asyncgrad[ray]')")
     runners["numpy threads (floor)"] = lambda P, n: run_pool(numpy_training, P, n)
     runners["numpy threads, 1 BLAS thread"] = lambda P, n: run_pool_blas1(numpy_training, P, n)
 
@@ -339,6 +357,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     check_fns: list[tuple[str, Any]] = [
         ("asyncgrad", ag_check), ("asyncgrad population", lambda: run_population(1, 1, check=True))
     ]
+    if have("ray"):
+        check_fns.append(("asyncgrad population-ray", lambda: run_population(1, 1, check=True, backend="ray")))
     if torch_threads is not None:
         check_fns.append(("torch", lambda: torch_training(0)))
     for name, fn in check_fns:
@@ -361,6 +381,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
     say(f"  timing {len(contenders)} (contender, P) runs per round...")
     res = interleave(contenders, rounds, pause=0.1, log=say, budget_s=12.0)
+    if ray_started:
+        import ray
+
+        ray.shutdown()
 
     out: dict[str, Any] = {"trainings": n, "P": Ps, "rounds": rounds, "checks": checks, "contenders": {}}
     rows = []

@@ -20,7 +20,8 @@ import trio
 
 from ..runtime import NoRuntimeError, current_runtime
 from ._errors import WorkerDied, WorkersClosed
-from ._peer import CALL, target_of
+from ._peer import target_of
+from ._ray import ray_session
 from ._trial import CHECKPOINT, REPORT
 from ._workers import Worker, Workers, open_workers
 
@@ -332,17 +333,16 @@ class Population:
         async with self._replacing:
             if self._closed:
                 return
-            before = set(self._ws.names)
             try:
-                await self._ws._start_local(1, self._start_timeout)
+                new = await self._ws.start(1, start_timeout=self._start_timeout)
             except Exception:
                 # no replacement (the machine is out of something): the others carry on; a later death tries again
                 import logging
 
                 logging.getLogger("asyncgrad.distributed").exception("could not start a replacement worker")
                 return
-            for w in self._ws:
-                if w.name not in before and w.alive:
+            for w in new:
+                if w.alive:
                     self._live.append(w)
                     self._load[w.name] = 0
                     self._replaced += 1
@@ -362,12 +362,10 @@ class Population:
                 run.attempts += 1
                 try:
                     with run._new_scope():
-                        peer = w._live_peer()
-                        out = peer.prepare(
-                            CALL, [_RUN_TRIAL], (run.target, run.config, run._checkpoint, run.attempts - 1), {},
-                            f"the training {run.target} (run {run.index})",
+                        value = await w.call_streaming(
+                            _RUN_TRIAL, run.target, run.config, run._checkpoint, run.attempts - 1,
+                            on_notify=run._on_notify, timeout=None, what=f"the training {run.target} (run {run.index})",
                         )
-                        value = await peer.roundtrip(out, None, on_notify=run._on_notify)
                         self._finished += 1
                         run._finish(value, None)
                         return
@@ -414,6 +412,7 @@ async def open_population(
     workers: int | None = None,
     *,
     backend: str = "local",
+    address: str | None = None,
     max_concurrent: int = DEFAULT_MAX_CONCURRENT,
     max_retries: int = 0,
     start_timeout: float = 60.0,
@@ -421,22 +420,30 @@ async def open_population(
     """A population of trainings over ``workers`` worker processes (default: one per core).
 
     Args:
-        workers: Local worker processes. The cores are shared among them: each worker's runtime gets
+        workers: Worker processes. The cores are shared among them: each worker's runtime gets
             ``cores // workers`` lanes with one BLAS thread each, so the workers never oversubscribe.
-        backend: ``"local"`` (worker processes on this machine).
+        backend: ``"local"`` (worker processes on this machine) or ``"ray"`` (each worker a Ray actor of
+            ``cpus // workers`` CPUs, the cluster's CPUs shared as above; needs ``pip install
+            'asyncgrad[ray]'``). Ray is used as it is when initialised, else started here (``ray.init()``,
+            a local Ray, or ``ray.init(address)``) and shut down on leaving. The actors connect back to
+            this process over TCP with the population's secret; the data never goes through Ray. On a
+            cluster of other machines, asyncgrad and the training's module must import on its nodes
+            (installed there, or shipped with the job's ``ray.init(runtime_env=...)``); a worker whose
+            actor died reports ``exitcode`` None (Ray does not say how a process ended).
+        address: The Ray cluster to join (``backend="ray"`` only, when Ray is not initialised yet).
         max_concurrent: Trainings at once per worker core (more wait for room).
         max_retries: How often a run whose worker died restarts (on another worker, from its last
             checkpoint: ``trial.restored``) before it fails with `WorkerDied`.
         start_timeout: Seconds a worker (also a replacement) gets to start.
 
     Leaving the block (normally, on error or cancelled) cancels the runs not finished (their trainings
-    see `trio.Cancelled`) and shuts every worker down.
+    see `trio.Cancelled`) and shuts every worker down (a Ray backend's actors are killed).
     """
-    if backend != "local":
-        raise ValueError(f"backend is 'local' (the only one built so far), got {backend!r}")
-    cores = _cores()
-    k = cores if workers is None else workers
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend is 'local' or 'ray', got {backend!r}")
+    if address is not None and backend != "ray":
+        raise ValueError(f"address= names a Ray cluster: it needs backend='ray', not {backend!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
         raise ValueError(f"max_concurrent must be a positive int, got {max_concurrent!r}")
@@ -449,16 +456,46 @@ async def open_population(
             "dist.open_population needs an asyncgrad runtime open in this task (results, reports and "
             "checkpoints carry tensors): wrap it in `async with asyncgrad.open_runtime():`"
         ) from None
-    per = max(1, cores // k)
-    async with open_workers(k, lanes=per, blas_threads=1, start_timeout=start_timeout) as ws:
-        async with trio.open_nursery() as nursery:
-            pop = Population(
-                ws, nursery, max_concurrent=max_concurrent, max_retries=max_retries, cores_per_worker=per,
-                start_timeout=start_timeout,
-            )
-            try:
+    options: dict[str, Any] = {
+        "max_concurrent": max_concurrent, "max_retries": max_retries, "start_timeout": start_timeout,
+    }
+    if backend == "local":
+        cores = _cores()
+        k = cores if workers is None else workers
+        per = max(1, cores // k)
+        async with open_workers(k, lanes=per, blas_threads=1, start_timeout=start_timeout) as ws:
+            async with _populate(ws, per, **options) as pop:
                 yield pop
-            finally:
-                pop._closed = True
-                pop._wake()
-                nursery.cancel_scope.cancel()
+        return
+    async with ray_session(address) as ray:
+        cpus = ray.cpus()
+        k = cpus if workers is None else workers
+        if k > cpus:
+            raise ValueError(
+                f"{k} workers do not fit the Ray cluster's {cpus} CPU(s) (each worker is an actor of at "
+                f"least one CPU): ask for workers <= {cpus}, or add nodes"
+            )
+        per = cpus // k
+        async with open_workers(
+            k, lanes=per, blas_threads=1, start_timeout=start_timeout, transport="tcp", host=ray.host,
+            launcher=ray.launcher(per),
+        ) as ws:
+            async with _populate(ws, per, **options) as pop:
+                yield pop
+
+
+@asynccontextmanager
+async def _populate(
+    ws: Workers, per: int, *, max_concurrent: int, max_retries: int, start_timeout: float
+) -> AsyncIterator[Population]:
+    async with trio.open_nursery() as nursery:
+        pop = Population(
+            ws, nursery, max_concurrent=max_concurrent, max_retries=max_retries, cores_per_worker=per,
+            start_timeout=start_timeout,
+        )
+        try:
+            yield pop
+        finally:
+            pop._closed = True
+            pop._wake()
+            nursery.cancel_scope.cancel()

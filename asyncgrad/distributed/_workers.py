@@ -17,9 +17,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -59,8 +59,69 @@ class CallCancelled(RuntimeError):
     """Raised by a `Future` whose call was cancelled with `Future.cancel()`."""
 
 
+class WorkerProcess(Protocol):
+    """What `Workers` needs of a started worker process, whoever started it (see `Launcher`).
+
+    ``pid`` may be None until the worker joins (it is then set from what the worker says); ``local`` says
+    whether the worker shares this machine's files (so it gets this process's import path and main
+    script); ``ended`` whether the process is known to be gone; ``returncode`` its exit status when known
+    (None also when it ended and nobody can tell how); ``detail`` why it ended, when its launcher knows.
+    """
+
+    pid: int | None
+    local: bool
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    @property
+    def detail(self) -> str: ...
+
+    async def wait(self) -> int | None:
+        """Until the process is gone; its exit status (None: unknown)."""
+        ...
+
+    def kill(self) -> None:
+        """End it now (no goodbye)."""
+        ...
+
+    def close(self) -> None:
+        """Free what watching it holds (after it ended)."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts worker processes for `Workers.start` (`open_workers(launcher=)`): local subprocesses by
+    default, Ray actors for a population on Ray. A launched worker runs `asyncgrad.distributed._worker.serve`
+    (``python -m asyncgrad.distributed.worker`` or its equivalent), joins ``address`` as ``name`` and proves
+    ``secret``; everything after that goes over the authenticated connection it opens."""
+
+    def launch(self, name: str, address: str, secret: bytes) -> WorkerProcess: ...
+
+
+class LocalLauncher:
+    """Workers as child processes of this one: ``python -m asyncgrad.distributed.worker``, the secret on
+    their stdin, this package first on their import path."""
+
+    def launch(self, name: str, address: str, secret: bytes) -> WorkerProcess:
+        env = dict(os.environ)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([pkg_root, *(p for p in [env.get("PYTHONPATH")] if p)])
+        argv = [
+            sys.executable, "-m", "asyncgrad.distributed.worker",
+            "--connect", address, "--token-file", "-", "--name", name,
+        ]
+        return _Process(argv, env, secret)
+
+
 class _Process:
     """A local worker process: spawned on the loop thread, its exit awaited through a pidfd (no threads)."""
+
+    local = True
+    detail = ""
 
     def __init__(self, argv: list[str], env: dict[str, str], secret_hex: bytes) -> None:
         self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env, close_fds=True)
@@ -70,18 +131,22 @@ class _Process:
             self.popen.stdin.close()
         except OSError:  # it died at once; its exit code says why
             pass
-        self.pid = self.popen.pid
+        self.pid: int | None = self.popen.pid
         self._pidfd: int | None = None
         self._waiting = False
         self._exited = trio.Event()
         try:
-            self._pidfd = os.pidfd_open(self.pid)
+            self._pidfd = os.pidfd_open(self.popen.pid)
         except (AttributeError, OSError):
             self._pidfd = None
 
     @property
     def returncode(self) -> int | None:
         return self.popen.poll()
+
+    @property
+    def ended(self) -> bool:
+        return self.popen.poll() is not None
 
     async def wait(self) -> int:
         if self._waiting:  # one task watches the pidfd; the others wait for it to say so
@@ -131,7 +196,7 @@ class Worker:
         self.name = name
         self.index = index
         self.peer: Peer | None = None
-        self.process: _Process | None = None
+        self.process: WorkerProcess | None = None
         self.pid: int | None = None
         self.host: str | None = None
         self.address: str | None = None
@@ -181,6 +246,21 @@ class Worker:
         peer = self._live_peer()
         out = peer.prepare(CALL, [target], args, kwargs, f"the call of {target}")
         return await peer.roundtrip(out, t)
+
+    async def call_streaming(
+        self, fn: Any, /, *args: Any, on_notify: Callable[[Any], None], timeout: Any = UNSET, what: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """`call`, and every message the remote function streams back while it runs
+        (``await current_call().notify(msg)`` there) goes to ``on_notify(msg)`` here, in order, as it arrives.
+
+        ``what`` names the call in errors (default: "the call of module:name").
+        """
+        target = target_of(fn)
+        t = self._timeout(timeout)
+        peer = self._live_peer()
+        out = peer.prepare(CALL, [target], args, kwargs, what or f"the call of {target}")
+        return await peer.roundtrip(out, t, on_notify=on_notify)
 
     def call_nowait(self, fn: Any, /, *args: Any, timeout: Any = UNSET, **kwargs: Any) -> Future:
         """Start ``fn(*args, **kwargs)`` on the worker; returns a `Future` of its result at once.
@@ -239,8 +319,10 @@ class Workers:
         timeout: float | None,
         limits: dict[str, int],
         runtime_options: dict[str, Any],
+        launcher: Launcher | None = None,
     ) -> None:
         self._secret = secret
+        self._launcher: Launcher = launcher if launcher is not None else LocalLauncher()
         self._timeout = timeout
         self._limits = limits
         self._runtime_options = runtime_options
@@ -300,8 +382,12 @@ class Workers:
         if isinstance(name, str):  # a local worker we started: its name and process id must match
             for cand in self._workers:
                 if cand.name == name and cand.process is not None and not cand._ready.is_set():
-                    if info.get("pid") == cand.process.pid and cand.peer is None:
+                    # a launcher that cannot know the pid before the worker runs (a Ray actor) leaves it None
+                    pid_ok = cand.process.pid is None or info.get("pid") == cand.process.pid
+                    if pid_ok and cand.peer is None:
                         w = cand
+                        if cand.process.pid is None and type(info.get("pid")) is int:
+                            cand.process.pid = info["pid"]
                     break
         if w is None and self._expected_remote > 0:
             self._expected_remote -= 1
@@ -311,7 +397,7 @@ class Workers:
             log.warning("refused a worker joining as %r from %s: no such worker is expected", name, conn.peer)
             conn.close()
             return
-        local = w.process is not None
+        local = w.process is not None and w.process.local
         try:
             send_message(conn, [HELLO, self._config(w, local)])
             msg = await read_message(conn, 120.0)
@@ -360,48 +446,57 @@ class Workers:
                     log.error("%s", err)
                 peer.fail(err)
 
-    async def _start_local(self, n: int, start_timeout: float) -> None:
-        env = dict(os.environ)
-        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join([pkg_root, *(p for p in [env.get("PYTHONPATH")] if p)])
+    async def start(self, n: int, *, start_timeout: float = 60.0, launcher: Launcher | None = None) -> list[Worker]:
+        """Start ``n`` more workers with ``launcher`` (default: the one these workers were opened with) and
+        wait until they (and any still starting) are ready; returns the new ones.
+
+        A worker that ends before it is ready raises `WorkerDied`; one not ready within ``start_timeout``
+        seconds, `TimeoutError`.
+        """
+        if self.closing:
+            raise WorkersClosed("the workers are closed")
+        launch = (launcher or self._launcher).launch
         base = len(self._workers)
+        new: list[Worker] = []
         for i in range(n):
-            w = Worker(self, f"worker{base + i}", base + i)
+            w = Worker(self, self._free_name(f"worker{base + i}"), base + i)
             self._workers.append(w)
-            argv = [
-                sys.executable, "-m", "asyncgrad.distributed.worker",
-                "--connect", self.address, "--token-file", "-", "--name", w.name,
-            ]
-            w.process = _Process(argv, env, self._secret)
+            new.append(w)
+            w.process = launch(w.name, self.address, self._secret)
             w.pid = w.process.pid
             self._nursery.start_soon(self._watch_exit, w)
-        await self._wait_ready(start_timeout)
+        await self._wait_ready(start_timeout, new)
+        return new
 
     async def _watch_exit(self, w: Worker) -> None:
         """A local worker that exits before joining fails the start at once, with its exit code."""
         assert w.process is not None
         code = await w.process.wait()
         if not w._ready.is_set():
-            w._failed = WorkerDied(w.name, code, "before it was ready")
+            detail = w.process.detail
+            w._failed = WorkerDied(w.name, code, "before it was ready" + (f": {detail}" if detail else ""))
             w._ready.set()
         elif w.peer is not None and not w.peer.lost.is_set():
             # the process is gone but its connection lingers (should not happen): close it
             w.peer.conn.close()
 
-    async def _wait_ready(self, timeout: float) -> None:
+    async def _wait_ready(self, timeout: float, which: list[Worker] | None = None) -> None:
+        """Until ``which`` (default: every worker) and the remote workers expected are ready; raises the
+        failure of the first that failed (a worker that failed to start earlier fails no later start)."""
         with trio.move_on_after(timeout) as cs:
-            for w in list(self._workers):
+            for w in list(self._workers) if which is None else which:
                 await w._ready.wait()
                 if w._failed is not None:
                     raise w._failed
+            remote_before = len(self._workers)
             while self._expected_remote > 0:
                 await trio.sleep(0.05)
-            for w in list(self._workers):
+            for w in list(self._workers) if which is None else self._workers[remote_before:]:
                 await w._ready.wait()
                 if w._failed is not None:
                     raise w._failed
         if cs.cancelled_caught:
-            missing = [w.name for w in self._workers if not w._ready.is_set()]
+            missing = [w.name for w in (self._workers if which is None else which) if not w._ready.is_set()]
             extra = f" and {self._expected_remote} remote worker(s)" if self._expected_remote else ""
             raise TimeoutError(f"workers {missing}{extra} did not start within {timeout:g} s")
 
@@ -423,7 +518,7 @@ class Workers:
                     elif w.peer is not None:
                         await w.peer.lost.wait()
             for w in self._workers:
-                if w.process is not None and w.process.returncode is None:
+                if w.process is not None and not w.process.ended:
                     log.warning("worker %s did not shut down within %g s: killing it", w.name, SHUTDOWN_TIMEOUT)
                     w.process.kill()
                     await w.process.wait()
@@ -476,6 +571,7 @@ async def open_workers(
     start_timeout: float = 60.0,
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    launcher: Launcher | None = None,
 ) -> AsyncIterator[Workers]:
     """Start ``n`` local worker processes (default: one per core), each running an asyncgrad runtime,
     and connect to them; yields the `Workers`.
@@ -499,6 +595,8 @@ async def open_workers(
         max_inflight_bytes: Backpressure: bytes of calls sent to one worker and not yet answered (a call
             waits for room; one larger than this goes alone).
         max_frame_bytes: Largest payload (tensor bytes) of one message; a larger one is refused.
+        launcher: What starts the ``n`` workers (and those `Workers.start` adds): a `Launcher`; default
+            local child processes. One that starts them elsewhere (Ray actors) needs ``transport="tcp"``.
 
     Workers start with this task's default dtype and grad mode. Leaving the block shuts them down.
 
@@ -529,6 +627,7 @@ async def open_workers(
         timeout=timeout,
         limits=limits,
         runtime_options=runtime_options,
+        launcher=launcher,
     )
     ws._expected_remote = remote
     if transport == "unix":
@@ -546,7 +645,7 @@ async def open_workers(
                     _serve, ws._listener, ws._secret, limits, ws._on_join
                 )
                 if n:
-                    await ws._start_local(n, start_timeout)
+                    await ws.start(n, start_timeout=start_timeout)
                 else:
                     await ws._wait_ready(start_timeout)
                 try:

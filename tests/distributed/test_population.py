@@ -1,9 +1,16 @@
-"""The population over real worker processes: streamed reports, cancellation, faults, equal results."""
+"""The population over real worker processes: streamed reports, cancellation, faults, equal results.
+
+The tests run on both backends (all but one, whose subject does not depend on it): local worker
+processes, and Ray actors on a local Ray of 2 CPUs (started once for the module; skipped where ray is
+not installed).
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +23,46 @@ from . import _pop_fns
 from .conftest import TIMEOUT, children
 
 CFG = {"steps": 12, "lr": 0.05}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray of 2 CPUs for this module's Ray tests (ray.init takes seconds: once per module)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # someone else's: use it, leave it
+        yield ray
+        return
+    # on the main thread: Ray's daemons get a parent-death signal tied to the thread that started them
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(params=["local", "ray"])
+def backend(request) -> str:
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    return request.param
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def assert_gone(pids: set) -> None:
+    """The worker processes (children here, Ray actor processes on Ray) no longer run."""
+    pids = {p for p in pids if p is not None}
+    assert pids
+    deadline = time.monotonic() + 5.0  # a killed process is reaped by its parent (the raylet) soon after
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if running(p)]
 
 
 async def sequential(cfgs: list[dict]) -> list[list[np.ndarray]]:
@@ -40,12 +87,13 @@ def assert_same_params(got: list, want: list[np.ndarray]) -> None:
         np.testing.assert_array_equal(g.numpy(), w)  # bit-identical
 
 
-async def test_map_results_equal_sequential_runs(rt1) -> None:
+async def test_map_results_equal_sequential_runs(rt1, backend) -> None:
     cfgs = [{**CFG, "seed": s} for s in range(6)]
     before = children()
     got = {}
     with trio.fail_after(TIMEOUT):
-        async with dist.open_population(workers=2, max_concurrent=2) as pop:
+        async with dist.open_population(workers=2, max_concurrent=2, backend=backend) as pop:
+            pids = {w.pid for w in pop.workers}
             async for res in pop.map(_pop_fns.mlp, cfgs):
                 assert res.error is None, res.error
                 got[res.config["seed"]] = res
@@ -57,11 +105,12 @@ async def test_map_results_equal_sequential_runs(rt1) -> None:
     assert {r.worker for r in got.values()} == {"worker0", "worker1"}  # both workers took runs
     assert stats.finished == 6 and stats.failed == 0 and stats.running == 0
     assert children() <= before
+    assert_gone(pids)
 
 
-async def test_reports_arrive_in_order_as_they_happen(rt1) -> None:
+async def test_reports_arrive_in_order_as_they_happen(rt1, backend) -> None:
     with trio.fail_after(TIMEOUT):
-        async with dist.open_population(workers=2, max_concurrent=2) as pop:
+        async with dist.open_population(workers=2, max_concurrent=2, backend=backend) as pop:
             runs = [await pop.start(_pop_fns.paced, {"n": 6, "delay": 0.15}) for _ in range(3)]
             seen: list[tuple[float, dict]] = []
             async for rep in runs[0].reports():
@@ -80,10 +129,10 @@ async def test_reports_arrive_in_order_as_they_happen(rt1) -> None:
     assert t[0] < done_at - 0.5
 
 
-async def test_cancel_one_run_neighbours_finish(rt1, tmp_path) -> None:
+async def test_cancel_one_run_neighbours_finish(rt1, tmp_path, backend) -> None:
     marker = tmp_path / "cancelled"
     with trio.fail_after(TIMEOUT):
-        async with dist.open_population(workers=2, max_concurrent=2) as pop:
+        async with dist.open_population(workers=2, max_concurrent=2, backend=backend) as pop:
             victim = await pop.start(_pop_fns.sleepy, {"sleep": 60, "marker": str(marker)})
             others = [await pop.start(_pop_fns.mlp, {**CFG, "seed": s, "delay": 0.02}) for s in range(3)]
             async for _ in victim.reports():
@@ -102,10 +151,10 @@ async def test_cancel_one_run_neighbours_finish(rt1, tmp_path) -> None:
     assert marker.read_text() == "cancelled"  # the training saw trio.Cancelled in its worker
 
 
-async def test_exception_reaches_only_its_result(rt1) -> None:
+async def test_exception_reaches_only_its_result(rt1, backend) -> None:
     cfgs = [{**CFG, "seed": s, **({"fail_at": 3} if s == 1 else {})} for s in range(4)]
     with trio.fail_after(TIMEOUT):
-        async with dist.open_population(workers=2) as pop:
+        async with dist.open_population(workers=2, backend=backend) as pop:
             results = {r.config["seed"]: r async for r in pop.map(_pop_fns.mlp, cfgs)}
             bad = await pop.start(_pop_fns.not_async, {})
             with pytest.raises(TypeError, match="async def train"):
@@ -119,11 +168,13 @@ async def test_exception_reaches_only_its_result(rt1) -> None:
         assert_same_params(results[s].value["params"], w)
 
 
-async def _kill_mid_training(max_retries: int) -> tuple[dict, list, object]:
+async def _kill_mid_training(backend: str, max_retries: int, ray_kill: bool = False) -> tuple[dict, list, object]:
+    """SIGKILL the worker of run 0 mid-training (or, ``ray_kill``, kill its Ray actor with ray.kill)."""
     slow = {"steps": 12, "lr": 0.05, "delay": 0.1}
     before = children()
     with trio.fail_after(TIMEOUT):
-        async with dist.open_population(workers=2, max_concurrent=2, max_retries=max_retries) as pop:
+        async with dist.open_population(workers=2, max_concurrent=2, max_retries=max_retries, backend=backend) as pop:
+            pids = {w.pid for w in pop.workers}
             runs = [await pop.start(_pop_fns.mlp, {**slow, "seed": s}) for s in range(4)]
             target = runs[0]
             async for rep in target.reports():
@@ -132,28 +183,44 @@ async def _kill_mid_training(max_retries: int) -> tuple[dict, list, object]:
             victim = target.worker
             pid = rep["pid"]
             on_victim = [r.index for r in runs if r.worker == victim]
-            os.kill(pid, signal.SIGKILL)
+            if ray_kill:
+                import ray
+
+                (w,) = [w for w in pop.workers if w.name == victim]
+                assert w.pid == pid
+                ray.kill(w.process.actor)
+            else:
+                os.kill(pid, signal.SIGKILL)
             outcomes = {}
             for r in runs:
                 try:
                     outcomes[r.index] = ("ok", await r.result())
                 except dist.WorkerDied as e:
                     outcomes[r.index] = ("died", e)
+            # the replacement may still be starting when the others finish (a loaded machine)
+            while pop.statistics().workers_replaced < 1:
+                await trio.sleep(0.05)
             stats = pop.statistics()
+            pids |= {w.pid for w in pop.workers}
             # the replacement worker takes new runs
             extra = await (await pop.start(_pop_fns.mlp, {**CFG, "seed": 9})).result()
         assert children() <= before  # the killed worker, its replacement and the others: all gone
+    assert_gone(pids)
     return outcomes, on_victim, (stats, victim, extra)
 
 
-async def test_killed_worker_fails_only_its_runs(rt1) -> None:
-    outcomes, on_victim, (stats, victim, extra) = await _kill_mid_training(0)
+async def test_killed_worker_fails_only_its_runs(rt1, backend) -> None:
+    # on Ray the actor is killed with ray.kill (the resume test below SIGKILLs the actor's process)
+    ray_kill = backend == "ray"
+    outcomes, on_victim, (stats, victim, extra) = await _kill_mid_training(backend, 0, ray_kill)
     want = await sequential([{**CFG, "seed": s, "steps": 12} for s in range(4)])
     assert 0 in on_victim
     for i, (kind, v) in outcomes.items():
         if i in on_victim:
             assert kind == "died", (i, v)
-            assert v.worker == victim and v.exitcode == -signal.SIGKILL
+            assert v.worker == victim
+            # Ray does not say how an actor's process ended
+            assert v.exitcode == (-signal.SIGKILL if backend == "local" else None)
         else:
             assert kind == "ok", (i, v)
             assert_same_params(v["params"], want[i])
@@ -162,8 +229,8 @@ async def test_killed_worker_fails_only_its_runs(rt1) -> None:
     assert_same_params(extra["params"], (await sequential([{**CFG, "seed": 9}]))[0])
 
 
-async def test_killed_worker_runs_resume_from_checkpoint(rt1) -> None:
-    outcomes, on_victim, (stats, _victim, _) = await _kill_mid_training(1)
+async def test_killed_worker_runs_resume_from_checkpoint(rt1, backend) -> None:
+    outcomes, on_victim, (stats, _victim, _) = await _kill_mid_training(backend, 1)
     want = await sequential([{**CFG, "seed": s, "steps": 12} for s in range(4)])
     for i, (kind, v) in outcomes.items():
         assert kind == "ok", (i, v)
@@ -175,12 +242,13 @@ async def test_killed_worker_runs_resume_from_checkpoint(rt1) -> None:
     assert stats.retried == len(on_victim) and stats.failed == 0
 
 
-async def test_cancelling_the_scope_stops_everything(rt1, tmp_path) -> None:
+async def test_cancelling_the_scope_stops_everything(rt1, tmp_path, backend) -> None:
     before = children()
     markers = [tmp_path / f"m{i}" for i in range(4)]
     with trio.fail_after(TIMEOUT):
         with trio.move_on_after(60) as cs:
-            async with dist.open_population(workers=2, max_concurrent=2) as pop:
+            async with dist.open_population(workers=2, max_concurrent=2, backend=backend) as pop:
+                pids = {w.pid for w in pop.workers}
                 runs = [await pop.start(_pop_fns.sleepy, {"marker": str(m)}) for m in markers]
                 for r in runs:
                     async for _ in r.reports():
@@ -196,17 +264,26 @@ async def test_cancelling_the_scope_stops_everything(rt1, tmp_path) -> None:
             r.result_nowait()
     assert all(m.read_text() == "cancelled" for m in markers)  # each training saw trio.Cancelled
     assert children() <= before
+    assert_gone(pids)
 
 
-async def test_bad_arguments(rt1) -> None:
+async def test_bad_arguments(rt1, backend) -> None:
     with pytest.raises(ValueError, match="backend"):
         async with dist.open_population(workers=1, backend="nope"):
             pass
     with pytest.raises(ValueError, match="workers"):
-        async with dist.open_population(workers=0):
+        async with dist.open_population(workers=0, backend=backend):
             pass
+    with pytest.raises(ValueError, match="address= names a Ray cluster"):
+        async with dist.open_population(workers=1, address="auto"):
+            pass
+    if backend == "ray":
+        with trio.fail_after(TIMEOUT), pytest.raises(ValueError, match="do not fit the Ray cluster's 2 CPU"):
+            async with dist.open_population(workers=3, backend=backend):
+                pass
+        return  # the checks of pop.start below happen before any worker is involved: once (local) is enough
     with trio.fail_after(TIMEOUT):
-        async with dist.open_population(workers=1) as pop:
+        async with dist.open_population(workers=1, backend=backend) as pop:
             with pytest.raises(ValueError, match="cores=4"):
                 await pop.start(_pop_fns.mlp, {}, cores=4)
             with pytest.raises(TypeError, match="module level"):
@@ -216,11 +293,14 @@ async def test_bad_arguments(rt1) -> None:
 
 
 async def test_leaving_map_early_cancels_the_rest(rt1, tmp_path) -> None:
+    # local only: what it tests is the population's own bookkeeping, the same over any backend (and a
+    # Ray variant costs ~8 s of the module's time budget)
     from contextlib import aclosing
 
+    backend = "local"
     markers = [tmp_path / f"m{i}" for i in range(2)]
     with trio.fail_after(TIMEOUT):
-        async with dist.open_population(workers=1, max_concurrent=3) as pop:
+        async with dist.open_population(workers=1, max_concurrent=3, backend=backend) as pop:
             cfgs = [{**CFG, "seed": 0}] + [{"sleep": 60, "marker": str(m)} for m in markers]
 
             first = None
@@ -236,3 +316,10 @@ async def test_leaving_map_early_cancels_the_rest(rt1, tmp_path) -> None:
     assert_same_params(first.value["params"], want[0])
     assert_same_params(v["params"], want[1])
     assert all(m.read_text() == "cancelled" for m in markers)
+
+
+async def test_ray_missing_names_the_extra(rt1, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where ray is not installed
+    with trio.fail_after(TIMEOUT), pytest.raises(ImportError, match=r"pip install 'asyncgrad\[ray\]'"):
+        async with dist.open_population(workers=1, backend="ray"):
+            pass
