@@ -250,6 +250,7 @@ class GraphTask(NestedPass):
         clock = time.perf_counter
         targets = self.targets
         release = not self.retain_graph
+        kernels = not self.create_graph  # built-in nodes run their rule as one kernel
         node: Any
         gouts: Any
         gins: Any
@@ -268,7 +269,9 @@ class GraphTask(NestedPass):
                 if node._hooked or targets is not None:
                     gouts = run_pre_hooks(self, node, gouts)
                 if runs is None or node in runs:
-                    if not node.is_async:
+                    if kernels and type(node) is OpNode:  # the usual node: `_run_plain`'s first case, inline
+                        gins = apply_op_kernel(node, gouts[0], task_stream)
+                    elif not node.is_async:
                         gins = self._run_plain(node, gouts, task_stream)
                     else:
                         if not deps and not buffers:

@@ -14,7 +14,7 @@ from ..devices import INLINE_MAX_ELEMENTS, Stream
 from ..runtime._dispatch import wait_for
 from ..runtime._node import OpNode, check_saved_versions
 from ..runtime._op import camel
-from ..runtime._tensor import Tensor, is_ready
+from ..runtime._tensor import Tensor
 from ..runtime._xp import AG, NP, sum_to
 
 
@@ -47,9 +47,10 @@ in_plain_backward: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     """Run the node's rule on numpy arrays: inline when tiny and ready, else as one kernel on its stream."""
-    check_saved_versions(node)  # here on the loop, before anything is queued (the kernel reads `_data` later)
-    args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
     out = node.out
+    if out is not None or not node.op.saves_none:  # (else nothing to check: its test, without the call)
+        check_saved_versions(node)  # here on the loop, before anything is queued (the kernel reads `_data` later)
+    args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
     gd = g._data
     s = g._stream
     # readiness (`is_ready`) written out on this per-node path: a call per tensor costs ~3% of W2
@@ -66,13 +67,16 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
         else:
             if out is None:
                 gs = run_rule(node, NP, gd, arrays, None)
-            elif is_ready(out):
+            elif out._data is not None and ((s := out._stream) is None or s.completed >= out._seq):
                 gs = run_rule(node, NP, gd, arrays, out._data)
             else:
                 gs = None
             if gs is not None:
                 dev = g._dev
                 wrap = Tensor._wrap
+                if len(gs) == 1:  # most nodes: no comprehension (a call of its own) for one gradient
+                    x = gs[0]
+                    return [None if x is None else wrap(x, dev)]
                 return [None if x is None else wrap(x, dev) for x in gs]
     stream = node.stream or task_stream
     wait_for(g, stream)
