@@ -39,6 +39,8 @@ def note_failure(exc: BaseException, where: str) -> None:
         pass
 
 
+_wrap = Tensor._wrap  # bound once (a classmethod looked up per node makes a bound-method object)
+
 # set while a plain (non-async) Function backward runs, to catch it starting a nested pass
 in_plain_backward: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "asyncgrad_in_plain_backward", default=None
@@ -73,11 +75,11 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
                 gs = None
             if gs is not None:
                 dev = g._dev
-                wrap = Tensor._wrap
-                if len(gs) == 1:  # most nodes: no comprehension (a call of its own) for one gradient
-                    x = gs[0]
-                    return [None if x is None else wrap(x, dev)]
-                return [None if x is None else wrap(x, dev) for x in gs]
+                # wrapped in place: `run_rule` made the list (one list per node fewer)
+                for i, x in enumerate(gs):
+                    if x is not None:
+                        gs[i] = _wrap(x, dev)
+                return gs
     stream = node.stream or task_stream
     wait_for(g, stream)
     for a in args:
