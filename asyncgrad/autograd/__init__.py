@@ -3,8 +3,8 @@
 A backward pass, in the order its files run::
 
     _api.py          backward() / grad(): check the arguments, build the pass (a GraphTask) to await
-    _engine.py       GraphTask.run: count dependencies, then run ready nodes latest-first, giving the loop
-                     back on a time budget; stage the leaves' gradients
+    _engine.py       GraphTask.run: count dependencies (_deps.py), then run ready nodes latest-first, giving
+                     the loop back on a time budget; stage the leaves' gradients
       _run_node.py     one node: a built-in op's rule as one kernel (or recorded ops under create_graph),
                        or a Function's backward
       _hooks.py        tensor hooks, node pre/post hooks around each node

@@ -24,6 +24,7 @@ from ..runtime import _grad_mode
 from ..runtime._node import Node, OpNode
 from ..runtime._runtime import current_stream
 from ..runtime._tensor import Tensor
+from ._deps import RETAIN_MSG, count_dependencies
 from ._hooks import run_post_hooks, run_pre_hooks
 from ._run_node import (
     apply_function,
@@ -46,12 +47,6 @@ from ._trampoline import (
 # (at most the pass marks a stream keeps, `devices._stream.PASS_MARKS`)
 RUN_AHEAD = 2
 
-RETAIN_MSG = (
-    "Trying to backward through the graph a second time (or directly access saved tensors after they "
-    "have already been freed). Saved intermediate values of the graph are freed when you call "
-    "backward() or grad(). Specify retain_graph=True if you need to backward through the graph a "
-    "second time or if you need to access saved tensors after calling backward."
-)
 
 
 class GraphTask(NestedPass):
@@ -122,42 +117,6 @@ class GraphTask(NestedPass):
         coro, self.coro = self.coro, None
         if coro is not None:  # never started
             coro.close()
-
-    def _discover(self, roots: list[tuple[Any, int]]) -> tuple[dict[Node, int], set[Node] | None]:
-        deps: dict[Node, int] = {}
-        stack = [n for n, _ in roots if isinstance(n, Node)]
-        seen: set[Node] = set(stack)
-        order: list[Node] | None = None if self.targets is None or self.parent is not None else []
-        get = deps.get
-        while stack:
-            node = stack.pop()
-            if (node.args is None) if type(node) is OpNode else node._released:
-                raise RuntimeError(RETAIN_MSG)
-            if order is not None:
-                order.append(node)
-            for e in node.next:
-                if e is not None:
-                    tgt = e[0]
-                    if isinstance(tgt, Node):
-                        deps[tgt] = get(tgt, 0) + 1
-                        if tgt not in seen:
-                            seen.add(tgt)
-                            stack.append(tgt)
-        if order is None:
-            return deps, None
-        # with explicit inputs, run only nodes from which some input is reachable (reverse topological)
-        runs: set[Node] = set()
-        targets: set[Any] = self.targets  # type: ignore[assignment]  # order exists only with targets
-        for node in reversed(_topo(order, deps)):
-            for e in node.next:
-                if e is not None and (
-                    e[0] in runs or (e[0], e[1]) in targets
-                    if isinstance(e[0], Node)
-                    else id(e[0]) in targets
-                ):
-                    runs.add(node)
-                    break
-        return deps, runs
 
     async def run(self, outputs: list[Tensor], grads: list[Tensor]) -> Any:
         """The pass: run the graph from ``outputs`` (seeded with ``grads``) until no node is left, then
@@ -250,6 +209,7 @@ class GraphTask(NestedPass):
         clock = time.perf_counter
         targets = self.targets
         release = not self.retain_graph
+        kernels = not self.create_graph  # built-in nodes run their rule as one kernel
         node: Any
         gouts: Any
         gins: Any
@@ -268,7 +228,9 @@ class GraphTask(NestedPass):
                 if node._hooked or targets is not None:
                     gouts = run_pre_hooks(self, node, gouts)
                 if runs is None or node in runs:
-                    if not node.is_async:
+                    if kernels and type(node) is OpNode:  # the usual node: `_run_plain`'s first case, inline
+                        gins = apply_op_kernel(node, gouts[0], task_stream)
+                    elif not node.is_async:
                         gins = self._run_plain(node, gouts, task_stream)
                     else:
                         if not deps and not buffers:
@@ -395,7 +357,7 @@ class GraphTask(NestedPass):
         """Dependency counts, the nodes to run (None: all), the gradient buffers seeded with ``grads``, and
         the heap of the nodes ready to run (None when at most one is: then that node, else None)."""
         roots = [(t._grad_fn, t._out_nr) if t._grad_fn is not None else (t, 0) for t in outputs]
-        deps, runs = self._discover(roots)
+        deps, runs = count_dependencies(roots, self.targets if self.parent is None else None)
         buffers: dict[Node, list[Any]] = {}
         for (node, nr), g in zip(roots, grads):
             if isinstance(node, Node):
@@ -442,21 +404,3 @@ class GraphTask(NestedPass):
             staged[id(leaf)] = [leaf, g]
         else:
             entry[1] = entry[1] + g
-
-
-def _topo(order: list[Node], deps: dict[Node, int]) -> list[Node]:
-    """Nodes such that each comes before the nodes it sends gradients to (Kahn's algorithm)."""
-    indeg = dict(deps)
-    ready = [n for n in order if indeg.get(n, 0) == 0]
-    out = []
-    while ready:
-        n = ready.pop()
-        out.append(n)
-        for e in n.next:
-            if e is not None and isinstance(e[0], Node):
-                indeg[e[0]] -= 1
-                if indeg[e[0]] == 0:
-                    ready.append(e[0])
-    return out
-
-

@@ -15,7 +15,7 @@ from ..runtime import _capture
 from ..runtime._dispatch import wait_for
 from ..runtime._node import OpNode, check_saved_versions
 from ..runtime._op import camel
-from ..runtime._tensor import Tensor, is_ready
+from ..runtime._tensor import Tensor
 from ..runtime._xp import AG, NP, sum_to
 
 
@@ -40,6 +40,8 @@ def note_failure(exc: BaseException, where: str) -> None:
         pass
 
 
+_wrap = Tensor._wrap  # bound once (a classmethod looked up per node makes a bound-method object)
+
 # set while a plain (non-async) Function backward runs, to catch it starting a nested pass
 in_plain_backward: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "asyncgrad_in_plain_backward", default=None
@@ -51,9 +53,10 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     rec = _capture.active
     if rec is not None and rec.wants():  # a compiled step records (`autograd._compile`)
         return rec.rule(node, g, task_stream)  # type: ignore[no-any-return]
-    check_saved_versions(node)  # here on the loop, before anything is queued (the kernel reads `_data` later)
-    args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
     out = node.out
+    if out is not None or not node.op.saves_none:  # (else nothing to check: its test, without the call)
+        check_saved_versions(node)  # here on the loop, before anything is queued (the kernel reads `_data` later)
+    args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
     gd = g._data
     s = g._stream
     # readiness (`is_ready`) written out on this per-node path: a call per tensor costs ~3% of W2
@@ -70,14 +73,17 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
         else:
             if out is None:
                 gs = run_rule(node, NP, gd, arrays, None)
-            elif is_ready(out):
+            elif out._data is not None and ((s := out._stream) is None or s.completed >= out._seq):
                 gs = run_rule(node, NP, gd, arrays, out._data)
             else:
                 gs = None
             if gs is not None:
                 dev = g._dev
-                wrap = Tensor._wrap
-                return [None if x is None else wrap(x, dev) for x in gs]
+                # wrapped in place: `run_rule` made the list (one list per node fewer)
+                for i, x in enumerate(gs):
+                    if x is not None:
+                        gs[i] = _wrap(x, dev)
+                return gs
     stream = node.stream or task_stream
     wait_for(g, stream)
     for a in args:

@@ -219,9 +219,12 @@ def sub(a: Any, b: Any) -> Tensor:
 
 def mul(a: Any, b: Any) -> Tensor:
     """Elementwise ``a * b`` with broadcasting."""
+    out = apply2(OP_MUL, a, b)
+    if out._data is not None:  # computed inline: nothing to note (see `_tensor_mul`)
+        return out
     if type(a) is Tensor:
-        return _scaled(apply2(OP_MUL, a, b), a, b)
-    return _scaled(apply2(OP_MUL, a, b), b, a)
+        return _scaled(out, a, b)
+    return _scaled(out, b, a)
 
 
 def _scaled(out: Tensor, t: Any, k: Any) -> Tensor:
@@ -236,11 +239,14 @@ _NUMBERS = (float, int)
 
 
 def _tensor_mul(s: Tensor, o: Any) -> Tensor:
-    return _scaled(apply2(OP_MUL, s, o), s, o)
+    out = apply2(OP_MUL, s, o)
+    # `_scaled`'s first test here: an inline (computed) result needs no note, and no call per op
+    return out if out._data is not None else _scaled(out, s, o)
 
 
 def _tensor_rmul(s: Tensor, o: Any) -> Tensor:
-    return _scaled(apply2(OP_MUL, o, s), s, o)
+    out = apply2(OP_MUL, o, s)
+    return out if out._data is not None else _scaled(out, s, o)
 
 
 def div(a: Any, b: Any) -> Tensor:
@@ -348,14 +354,23 @@ def _relu_meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
 # neg, abs, sign, relu keep their input's dtype (numpy agrees for every dtype kind)
 _F = _FLOAT_KINDS
 OP_NEG = defop("neg", np.negative, _unary_meta(np.negative), _neg_rule, fast_kinds=_ALL_KINDS, saves=())
-OP_EXP = defop("exp", np.exp, _float_unary_meta, _exp_rule, save_out=True, cast_in=True, fast_kinds=_F)
+# exp, tanh, sigmoid and sqrt rules read only the output (saves=(): no input version to record or check,
+# as PyTorch saves only their result)
+OP_EXP = defop(
+    "exp", np.exp, _float_unary_meta, _exp_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=()
+)
 OP_LOG = defop("log", np.log, _float_unary_meta, _log_rule, cast_in=True, fast_kinds=_F)
-OP_TANH = defop("tanh", np.tanh, _float_unary_meta, _tanh_rule, save_out=True, cast_in=True, fast_kinds=_F)
+OP_TANH = defop(
+    "tanh", np.tanh, _float_unary_meta, _tanh_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=()
+)
 OP_SIGMOID = defop(
-    "sigmoid", _sigmoid_kernel, _float_unary_meta, _sigmoid_rule, save_out=True, cast_in=True, fast_kinds=_F
+    "sigmoid", _sigmoid_kernel, _float_unary_meta, _sigmoid_rule, save_out=True, cast_in=True, fast_kinds=_F,
+    saves=(),
 )
 OP_RELU = defop("relu", _relu_kernel, _relu_meta, _relu_rule, fast_kinds=_ALL_KINDS)
-OP_SQRT = defop("sqrt", np.sqrt, _float_unary_meta, _sqrt_rule, save_out=True, cast_in=True, fast_kinds=_F)
+OP_SQRT = defop(
+    "sqrt", np.sqrt, _float_unary_meta, _sqrt_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=()
+)
 OP_ABS = defop("abs", np.abs, _unary_meta(np.abs), _abs_rule, fast_kinds=_ALL_KINDS)
 OP_SIGN = defop("sign", _sign_kernel, _same_dtype_meta, fast_kinds=_ALL_KINDS)
 

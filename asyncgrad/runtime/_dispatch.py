@@ -21,6 +21,9 @@ from ._op import _FLOAT_DTYPES, EMPTY, Op, OpError
 from ._runtime import _NO_RUNTIME, NoRuntimeError, _current, current_stream
 from ._tensor import Tensor, is_ready, share_version
 
+# bound once: `Tensor._wrap` looked up per op makes a bound-method object each time (a classmethod)
+_wrap = Tensor._wrap
+
 
 def _no_runtime(op: Op) -> None:
     raise NoRuntimeError(_NO_RUNTIME.format(what=op.name))
@@ -124,7 +127,7 @@ def apply1(op: Op, a: Any) -> Any:
         and data.size <= INLINE_MAX_ELEMENTS
         and (op.any_kind or a._dtype in op.fast_dtypes)  # else the meta decides (sqrt of an int: float32)
     ):
-        out = Tensor._wrap(op.kernel(data), a._dev)
+        out = _wrap(op.kernel(data), a._dev)
         if a._rg and op.rule is not None and _grad_mode._grad_enabled.get():
             node = OpNode.__new__(OpNode)
             node._fast1(op, a)
@@ -158,7 +161,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 and b._data is not None
                 and a._data.size <= INLINE_MAX_ELEMENTS
             ):
-                out = T._wrap(op.kernel(a._data, b._data), a._dev)
+                out = _wrap(op.kernel(a._data, b._data), a._dev)
                 if (a._rg or b._rg) and op.rule is not None and _grad_mode._grad_enabled.get():
                     node = OpNode.__new__(OpNode)
                     node._fast2t(op, a, b)
@@ -172,7 +175,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 and a._data.size <= INLINE_MAX_ELEMENTS
                 and (a._dtype in _FLOAT_DTYPES or _scalar_fast(op, a._dtype.kind, b))
             ):
-                out = T._wrap(op.kernel(a._data, b), a._dev)
+                out = _wrap(op.kernel(a._data, b), a._dev)
                 if a._rg and op.rule is not None and _grad_mode._grad_enabled.get():
                     node = OpNode.__new__(OpNode)
                     node._fast2s(op, a, b)
@@ -186,7 +189,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
             and b._data.size <= INLINE_MAX_ELEMENTS
             and (b._dtype in _FLOAT_DTYPES or _scalar_fast(op, b._dtype.kind, a))
         ):
-            out = T._wrap(op.kernel(a, b._data), b._dev)
+            out = _wrap(op.kernel(a, b._data), b._dev)
             if b._rg and op.rule is not None and _grad_mode._grad_enabled.get():
                 out._grad_fn = OpNode(op, (a, b), EMPTY, None)
                 out._rg = True

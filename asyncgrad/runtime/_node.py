@@ -110,7 +110,7 @@ class OpNode(Node):
 
     out: Any = None  # the output, saved only by ops whose rule needs it (save_out)
 
-    __slots__ = ("args", "kw", "needs", "op", "ver")
+    __slots__ = ("_tpos", "args", "kw", "needs", "op", "ver")
 
     args: tuple[Any, ...] | None  # None once released
     ver: int  # the versions of the saved args when recorded, packed (see `saved_versions`)
@@ -131,7 +131,8 @@ class OpNode(Node):
         self.args = (a,)
         self.kw = EMPTY
         self.stream = None
-        self.ver = a._version if op.saves0 else 0
+        vc = a._vc  # `a._version` without the property call (per node)
+        self.ver = vc[0] if vc is not None and op.saves0 else 0
         fn = a._grad_fn
         self.next = ((fn, a._out_nr) if fn is not None else (a, 0),)
         self.needs = _NEEDS1
@@ -143,7 +144,8 @@ class OpNode(Node):
         self.args = (a, b)
         self.kw = EMPTY
         self.stream = None
-        self.ver = a._version if op.saves0 else 0
+        vc = a._vc
+        self.ver = vc[0] if vc is not None and op.saves0 else 0
         fn = a._grad_fn
         self.next = ((fn, a._out_nr) if fn is not None else (a, 0), None)
         self.needs = _NEEDS_TS
@@ -158,7 +160,8 @@ class OpNode(Node):
         self.next, self.needs = edges_of(args)
         sv = op.saves
         if sv is None:
-            self.ver = a._version + (b._version << 32)
+            va, vb = a._vc, b._vc  # `_version` without the property calls
+            self.ver = (0 if va is None else va[0]) + (0 if vb is None else vb[0] << 32)
         else:
             self.ver = 0 if op.saves_none else saved_versions(sv, args)
 
@@ -169,7 +172,7 @@ class OpNode(Node):
         # a released node no longer has its args; then every edge that exists counts
         if self.args is None:
             return [i for i, e in enumerate(self.next) if e is not None]
-        pos = self.__dict__.get("_tpos")  # released down to shape stand-ins (`release`)
+        pos = getattr(self, "_tpos", None)  # released down to shape stand-ins (`release`); a slot, unset before
         if pos is not None:
             return pos  # type: ignore[no-any-return]
         return [i for i, a in enumerate(self.args) if isinstance(a, Tensor)]
@@ -183,9 +186,21 @@ class OpNode(Node):
         """
         args = self.args
         if args is not None and self.op.saves_none and self.out is None:
-            if "_tpos" not in self.__dict__:
-                self.__dict__["_tpos"] = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
-                self.args = tuple(_shape_of(a) if isinstance(a, Tensor) else a for a in args)
+            # one pass over the args (this runs per node): the tensors' positions and their stand-ins; none
+            # left means the args are stand-ins already (every node has a tensor input)
+            pos = []
+            stubs = []
+            get = _shape_stubs.get
+            for i, a in enumerate(args):
+                if isinstance(a, Tensor):
+                    pos.append(i)
+                    stub = get((a._shape, a._dtype))
+                    stubs.append(_shape_of(a) if stub is None else stub)
+                else:
+                    stubs.append(a)
+            if pos:
+                self._tpos = pos
+                self.args = tuple(stubs)
             return
         self.args = None
         if self.out is not None:
@@ -221,16 +236,15 @@ def saved_versions(saves: tuple[int, ...] | None, args: tuple[Any, ...]) -> int:
     if saves is None:
         sh = 0
         for a in args:
-            if isinstance(a, Tensor):
-                x = a._version
-                if x:
-                    v += x << sh
+            # `a._vc` read directly, not through the `_version` property: this runs twice per node
+            if isinstance(a, Tensor) and a._vc is not None:
+                v += a._vc[0] << sh
             sh += 32
     else:
         for i in saves:
             a = args[i]
-            if isinstance(a, Tensor):
-                v += a._version << (i << 5)
+            if isinstance(a, Tensor) and a._vc is not None:
+                v += a._vc[0] << (i << 5)
     return v
 
 
@@ -244,8 +258,8 @@ def check_saved_versions(node: OpNode) -> None:
     now = 0 if op.saves_none else saved_versions(op.saves, args)
     out = node.out
     n = len(args)
-    if out is not None:
-        now += out._version << (n << 5)  # the output was saved at version 0, when it was made
+    if out is not None and out._vc is not None:
+        now += out._vc[0] << (n << 5)  # the output was saved at version 0, when it was made
     if now == node.ver:
         return
     for i in range(n + 1):
