@@ -31,7 +31,17 @@ def children() -> set[int]:
 
 
 def fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+    """The open file descriptors, without the ones a lane holds for a moment to read /proc (the BLAS load
+    sampler reads /proc/stat every 0.25 s, on its own thread: a listing may catch it open)."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed since the listing (that one, too, was only held for a moment)
+            continue
+        if not target.startswith("/proc/"):
+            out.add(fd)
+    return out
 
 
 def threads() -> set[threading.Thread]:
