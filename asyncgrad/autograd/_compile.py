@@ -29,6 +29,7 @@ from ..devices import HOST_CACHE_MIN_BYTES, lane_empty, private_base
 from ..runtime import _capture, _grad_mode
 from ..runtime._capture import CaptureFallback
 from ..runtime._dispatch import _cast_kernel, apply, wait_for
+from ..runtime._factories import default_generator
 from ..runtime._inplace import inplace
 from ..runtime._layout import empty_like_contract, obeys_contract
 from ..runtime._runtime import current_stream
@@ -90,6 +91,9 @@ class _Recorder:
         self.grad_objects: set[int] = set()  # ids of tensors that were some leaf's .grad
         self.modules: dict[int, Any] = {}
         self.n_kernels = 0
+        # seeds random ops drew from the default generator while recording, in order (value -> its index):
+        # a replay draws as many again, in the same order, as the eager step would
+        self.seed_index: dict[int, int] = {}
         for pos, a in enumerate(args):
             if isinstance(a, Tensor):
                 if a._rg:
@@ -105,6 +109,23 @@ class _Recorder:
     def unsupported(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+
+    def generator(self, g: Any) -> Any:
+        return _SeedDraws(self, g)
+
+    def note_seed(self, seed: int) -> None:
+        if seed in self.seed_index:  # (a 63-bit draw repeated: the two ops could not be told apart)
+            self.unsupported("two random ops drew the same seed")
+        self.seed_index[seed] = len(self.seed_index)
+
+    def _seed_of(self, op: Any, kw: dict[str, Any]) -> int | None:
+        """The replay's index of the seed in ``kw``; None when there is none to draw (dropout p=0, no seed)."""
+        if "seed" not in kw:
+            return None
+        k = self.seed_index.get(kw["seed"])
+        if k is None and kw.get("p", 1.0) != 0.0:
+            self.unsupported(f"random op {op.name} with a seed not drawn from the default generator")
+        return k
 
     def host_read(self, t: Tensor) -> None:
         # an op function that reads values to decide its output's shape (nonzero, masked_select, repeat with
@@ -188,8 +209,8 @@ class _Recorder:
         out = self._eager(apply, op, args, kw)
         if self.reason is not None:
             return out
-        if "seed" in kw:
-            self.unsupported(f"random op {op.name} (its seed is drawn in Python at call time)")
+        seed_k = self._seed_of(op, kw)
+        if self.reason is not None:
             return out
         if self.in_segment:
             self.unsupported(f"the optimizer's step runs op {op.name} (only fused in-place updates replay)")
@@ -198,7 +219,9 @@ class _Recorder:
         dtype = out._dtype
         kernel = _cast_kernel(op.kernel, args, dtype) if op.cast_in else op.kernel
         o = self._slot(out, _OUT)
-        if op.fills_out and out._dtype.itemsize * int(np.prod(out._shape)) >= HOST_CACHE_MIN_BYTES:
+        if seed_k is not None:
+            self.instrs.append(_k_seed_instr(kernel, spec, kw, dtype, o, seed_k))
+        elif op.fills_out and out._dtype.itemsize * int(np.prod(out._shape)) >= HOST_CACHE_MIN_BYTES:
             # as `_dispatch._enqueue` does: the output from the lane's host cache (no page faults per step)
             self.instrs.append(_k_out_instr(kernel, spec, kw, dtype, out._shape, o))
         else:
@@ -216,8 +239,11 @@ class _Recorder:
         spec = self._spec(node.args)
         oi = -1 if node.out is None else self._ref(node.out)
         rs = tuple(-1 if r is None else self._slot(r, _OUT) for r in results)
+        seed_k = self._seed_of(node.op, node.kw)
+        if self.reason is not None:
+            return results
         view = _NodeView(node.op, node.kw, node.needs)
-        self.instrs.append(_rule_instr(view, gi, spec, oi, rs))
+        self.instrs.append(_rule_instr(view, gi, spec, oi, rs, -1 if seed_k is None else seed_k))
         self.n_kernels += 1
         return results
 
@@ -342,6 +368,19 @@ def _k_instr(kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any],
     return run
 
 
+def _k_seed_instr(
+    kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any], dtype: Any, o: int, k: int
+) -> Any:
+    # a random op: its seed is the replay's k-th draw (the job puts the replay's seeds last in the slots)
+    def run(s: list[Any], al: set[int]) -> None:
+        res = kernel(*[s[i] if i >= 0 else c for i, c in spec], **{**kw, "seed": s[-1][k]})
+        if type(res) is not np.ndarray:
+            res = np.asarray(res)
+        s[o] = res if res.dtype == dtype else res.astype(dtype)
+
+    return run
+
+
 def _k_out_instr(
     kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any], dtype: Any, shape: tuple[int, ...], o: int
 ) -> Any:
@@ -356,7 +395,9 @@ def _k_out_instr(
     return run
 
 
-def _rule_instr(view: Any, gi: int, spec: tuple[tuple[int, Any], ...], oi: int, rs: tuple[int, ...]) -> Any:
+def _rule_instr(
+    view: Any, gi: int, spec: tuple[tuple[int, Any], ...], oi: int, rs: tuple[int, ...], seed_k: int = -1
+) -> Any:
     # `run_rule`'s work, less its checks of what the rule returns (the recording passed them with these shapes)
     rule, kw, needs = view.op.rule, view.kw, view.needs
     wanted = tuple((k, r) for k, r in enumerate(rs) if r >= 0)
@@ -364,7 +405,8 @@ def _rule_instr(view: Any, gi: int, spec: tuple[tuple[int, Any], ...], oi: int, 
     def run(s: list[Any], al: set[int]) -> None:
         arrays = [s[i] if i >= 0 else c for i, c in spec]
         gd = s[gi]
-        gs = rule(NP, gd, arrays, None if oi < 0 else s[oi], kw, needs)
+        kwr = kw if seed_k < 0 else {**kw, "seed": s[-1][seed_k]}
+        gs = rule(NP, gd, arrays, None if oi < 0 else s[oi], kwr, needs)
         seen: list[Any] = [gd, *arrays]
         for k, r in wanted:
             x = gs[k]
@@ -391,7 +433,7 @@ def _acc_new_instr(gi: int, pi: int, o: int, produced: bool) -> Any:
         # layout; else copy: the values are the same either way
         if produced and gi not in al and private_base(garr) and obeys_contract(garr, param):
             for j, x in enumerate(s):
-                if j != gi and x is not None and (x is garr or x.base is garr):
+                if j != gi and x is not None and type(x) is not list and (x is garr or x.base is garr):
                     break
             else:
                 s[o] = garr
@@ -421,6 +463,28 @@ def _inplace_instr(fn: Any, ti: int, spec: tuple[tuple[int, Any], ...]) -> Any:
 # ---- the program ------------------------------------------------------------------------------------
 
 
+class _SeedDraws:
+    """The default generator as a recording step sees it: a random op's seed (``integers(0, 2**63 - 1)``)
+    is noted, to be drawn again on each replay; any other draw happens in Python, where a replay cannot
+    repeat it, so the step runs eagerly."""
+
+    def __init__(self, rec: _Recorder, g: Any) -> None:
+        self._rec = rec
+        self._g = g
+
+    def integers(self, low: Any, high: Any = None, *args: Any, **kwargs: Any) -> Any:
+        v = self._g.integers(low, high, *args, **kwargs)
+        if low == 0 and high == 2**63 - 1 and not args and not kwargs:
+            self._rec.note_seed(int(v))
+        else:
+            self._rec.unsupported("draws random numbers in Python at call time (integers)")
+        return v
+
+    def __getattr__(self, name: str) -> Any:
+        self._rec.unsupported(f"draws random numbers in Python at call time ({name}: randn, rand, ...)")
+        return getattr(self._g, name)
+
+
 class _Regen:
     """Set as `runtime._capture.active` while a replay re-runs an optimizer's step: its in-place updates
     become instructions of the program instead of kernels."""
@@ -436,6 +500,9 @@ class _Regen:
 
     def unsupported(self, reason: str) -> None:
         self.reason = self.reason or reason
+
+    def generator(self, g: Any) -> Any:
+        return g  # an optimizer drawing random numbers on replay: as eager would
 
     def host_read(self, t: Tensor) -> None:
         pass
@@ -479,6 +546,7 @@ class _Program:
     def __init__(self, rec: _Recorder, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         self.result_slots: list[int] = []
         self.n = len(rec.kinds)
+        self.n_seeds = len(rec.seed_index)
         self.instrs = rec.instrs
         self.n_instrs = rec.n_kernels
         self.segments = rec.segments
@@ -616,9 +684,13 @@ class _Program:
         ext = self.ext
         n = self.n
         fresh_items = list(fresh.items())
+        # the random ops' seeds, drawn here on the loop thread as the eager step would draw them, in order
+        gen = default_generator()
+        seeds = [int(gen.integers(0, 2**63 - 1)) for _ in range(self.n_seeds)]
 
         def job() -> None:
             s: list[Any] = [None] * n
+            s.append(seeds)  # last: the seeded instructions read s[-1]
             for i, t in ext:
                 s[i] = t._data
             for i, a in bound:

@@ -40,12 +40,14 @@ def manual_seed(seed: int) -> np.random.Generator:
 
 def default_generator() -> np.random.Generator:
     """This thread's default generator (what randn/rand/dropout/nn.init draw from when given none)."""
-    rec = _capture.active
-    if rec is not None and rec.wants():
-        rec.unsupported("draws random numbers (dropout, randn, rand, ...): the draw happens in Python at call time")
     g = getattr(_rng_local, "gen", None)
     if g is None:
         g = _rng_local.gen = np.random.default_rng()
+    rec = _capture.active
+    if rec is not None and rec.wants():
+        # a compiled step records: it sees the generator through its recorder (seeds drawn for random ops
+        # are drawn again on each replay; other draws make the step run eagerly)
+        return rec.generator(g)  # type: ignore[no-any-return]
     return g  # type: ignore[no-any-return]
 
 

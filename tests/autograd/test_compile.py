@@ -114,10 +114,43 @@ async def test_fallback_data_dependent_shape(rt):
     assert "data-dependent shape" in step.fallback_reason and "nonzero" in step.fallback_reason
 
 
-async def test_fallback_random_op(rt):
+async def test_fallback_random_draw_in_python(rt):
+    # a factory's draw happens in Python at call time: a replay could not repeat it
     with trio.fail_after(30):
-        step = await _fallback(_plain(lambda m, out: F.dropout(out, 0.5)))
+        step = await _fallback(_plain(lambda m, out: out + ag.randn(*out.shape) * 0.1))
     assert "random" in step.fallback_reason
+
+
+async def test_fallback_random_op_with_its_own_generator(rt):
+    # a seed drawn from a generator of the user's: not one the replay can draw again
+    def drop(m, out):
+        return F.dropout(out, 0.5, generator=np.random.default_rng(3))
+
+    with trio.fail_after(30):
+        step = await _fallback(_plain(drop))
+    assert "random op dropout" in step.fallback_reason
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+async def test_dropout_replays_bit_identical(rt, opt):
+    """Random ops replay: each replay draws the seeds the eager step would draw, from the same generator."""
+    m1, o1, m2, o2 = twin("mlp", opt)
+    make = _plain(lambda m, out: F.dropout(out, 0.3) + F.dropout(out * 2.0, 0.6))
+    runs = []
+    with trio.fail_after(60):
+        for model, o, compiled in ((m1, o1, False), (m2, o2, True)):
+            step = ag.compile(make(model, o)) if compiled else make(model, o)
+            ag.manual_seed(11)  # the same stream of draws for both trainings
+            losses = []
+            for x, y in batches("mlp", STEPS):
+                losses.append((await (await step(x, y)).ready()).numpy().tobytes())
+            losses.append(ag.default_generator().integers(0, 2**63 - 1))  # the stream advanced alike
+            runs.append(losses)
+            await ag.current_runtime().synchronize()
+    assert runs[0] == runs[1]
+    assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+    st = step.statistics()
+    assert st.fallback_reason is None and st.replays == STEPS - 2
 
 
 async def test_fallback_tensor_hook(rt):
