@@ -916,8 +916,8 @@ def compile(
     ``step.fallback_reason`` / ``step.statistics()``, when the step: reads a value on the host
     (``.item()``, ``.numpy()``, ``float()``, ``bool()``); has data-dependent shapes (``nonzero``, masked
     selection); has Python hooks on a tensor, node or module (they are not replayed); draws random numbers
-    in Python (``randn`` inside the step, a random op given its own ``generator``); writes in place to a tensor that is not
-    a parameter, `.grad`, optimizer state or a module's buffer (a tensor made in the step); uses
+    in Python (``randn`` inside the step, a random op given its own ``generator``); writes in place to a
+    tensor that is not a parameter, `.grad`, optimizer state or a module's buffer (a tensor made in the step); uses
     ``create_graph=True``, an argument that requires grad, ``step(closure)``, or returns a tensor whose
     graph is still kept. Module buffers written in the step (BatchNorm's running statistics) are replayed,
     and so are random ops drawing their seed from the default generator (dropout, attention dropout): each
