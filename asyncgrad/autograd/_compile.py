@@ -71,6 +71,9 @@ class _Recorder:
 
     def __init__(self, args: tuple[Any, ...]) -> None:
         self.tid = threading.get_ident()
+        # the recording task: other tasks of this thread run their own ops meanwhile (trainings side by
+        # side in one runtime), and those must neither be recorded nor see the recorder
+        self.task = trio.lowlevel.current_task()
         self.depth = 0  # > 0 while the eager code a hook wraps runs (its nested hooks pass through)
         self.reason: str | None = None
         self.slot_of: dict[int, int] = {}
@@ -104,7 +107,12 @@ class _Recorder:
     # ---- the seam's protocol -------------------------------------------------------------------------
 
     def wants(self) -> bool:
-        return self.depth == 0 and threading.get_ident() == self.tid
+        if self.depth or threading.get_ident() != self.tid:
+            return False
+        try:
+            return trio.lowlevel.current_task() is self.task
+        except RuntimeError:  # no trio run on this thread
+            return False
 
     def unsupported(self, reason: str) -> None:
         if self.reason is None:
@@ -671,11 +679,12 @@ class _Program:
                 seg = self.segments[ins]
                 self._set_grads(seg[1], fresh)
                 regen = _Regen(slot_of, threading.get_ident())
-                _capture.active = regen
+                # (synchronous: no other task runs meanwhile; another task's recording is put back after)
+                prev, _capture.active = _capture.active, regen
                 try:
                     seg[0].step()
                 finally:
-                    _capture.active = None
+                    _capture.active = prev
                 flat.extend(regen.instrs)
             else:
                 flat.append(ins)
@@ -865,6 +874,12 @@ class CompiledStep:
             _arg_signature(args, kwargs)
         except _Unsupported as e:
             self._fall_back(str(e))
+            return await self.fn(*args, **kwargs)
+        if _capture.active is not None:
+            # another task records now (one recording at a time per process): run this call eagerly and
+            # record a later one
+            self._recordings -= 1
+            self._eager += 1
             return await self.fn(*args, **kwargs)
         rec = _Recorder(args)
         _capture.active = rec

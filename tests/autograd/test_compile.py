@@ -319,3 +319,33 @@ async def test_replay_is_one_lane_job_and_keeps_grads_on_cancel(rt):
         assert all(p.grad is g for p, g in zip(m.parameters(), grads))
         assert [o.state[p]["step"] for p in m.parameters()] == [s["step"] for s in state]
         await ag.current_runtime().synchronize()
+
+
+async def test_compiled_steps_of_concurrent_tasks_stay_apart(rt):
+    """Two trainings side by side in one runtime, each with its own compiled step: a recording belongs to
+    its task (the other task's ops run eagerly meanwhile, unrecorded), and each training ends bit-identical
+    to its eager twin trained alone."""
+    pairs = [twin("mlp", "sgd"), twin("mlp", "adam")]
+    with trio.fail_after(60):
+        for m1, o1, _, _ in pairs:
+            eager = step_fn("mlp", m1, o1)
+            for x, y in batches("mlp", STEPS):
+                await eager(x, y)
+        steps: list[ag.CompiledStep] = []
+
+        async def train(m2, o2):
+            step = ag.compile(step_fn("mlp", m2, o2))
+            steps.append(step)
+            for x, y in batches("mlp", STEPS):
+                await step(x, y)
+                await trio.sleep(0)  # the other training runs between steps too
+
+        async with trio.open_nursery() as nursery:
+            for _, _, m2, o2 in pairs:
+                nursery.start_soon(train, m2, o2)
+        await ag.current_runtime().synchronize()
+    for m1, o1, m2, o2 in pairs:
+        assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+    for step in steps:
+        st = step.statistics()
+        assert st.fallback_reason is None and st.recordings >= 1 and st.replays >= STEPS - 4
