@@ -5,5 +5,6 @@ state needs no locks. This package knows nothing of autograd; higher layers buil
 """
 
 from ._actor import Actor, ActorClosedError, ActorStatistics
+from ._record import read_record
 
-__all__ = ["Actor", "ActorClosedError", "ActorStatistics"]
+__all__ = ["Actor", "ActorClosedError", "ActorStatistics", "read_record"]

@@ -9,6 +9,8 @@ from typing import Any
 import attrs
 import trio
 
+from ._record import read_record
+
 
 class ActorClosedError(Exception):
     """Raised when sending to, or calling, an actor that no longer accepts messages.
@@ -236,14 +238,9 @@ class Actor:
 
     def statistics(self) -> ActorStatistics:
         """Return a snapshot of this actor's counters."""
-        return ActorStatistics(
-            name=self.name,
-            messages_received=self._received,
-            messages_handled=self._handled,
-            calls=self._calls,
-            pending=self._received - self._taken,
-            closed=self._closed,
-            crashed=self._crash is not None,
+        return read_record(
+            ActorStatistics, self, name=self.name, messages_received=self._received,
+            messages_handled=self._handled, pending=self._received - self._taken, crashed=self._crash is not None,
             max_pending_seen=self._max_pending,
         )
 

@@ -17,7 +17,7 @@ from typing import Any
 from ..devices import private_base
 from ..runtime import Tensor, current_runtime
 from ._accumulate import accumulate, submit_steals, undo, undo_record
-from ._run_node import note_failure
+from ._hooks import run_post_accumulate_hooks
 
 
 def commit_gradients(entries: list[list[Any]]) -> list[Tensor]:
@@ -64,17 +64,7 @@ def commit_gradients(entries: list[list[Any]]) -> list[Tensor]:
                     post.append(leaf)
         finally:
             submit_steals(batches)
-        for leaf in post:
-            for fn in list(leaf._post_hooks.values()):
-                try:
-                    fn(leaf)
-                except Exception as e:
-                    note_failure(
-                        e,
-                        f"raised in a post-accumulate-grad hook on a leaf tensor of shape {leaf._shape}; "
-                        "every .grad this commit had written was put back as it was",
-                    )
-                    raise
+        run_post_accumulate_hooks(post, "this commit")
     except Exception:
         undo(records)
         raise

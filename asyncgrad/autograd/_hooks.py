@@ -59,6 +59,22 @@ def run_post_hooks(node: Node, gins: list[Any], gouts: list[Any]) -> list[Any]:
 
 
 
+def run_post_accumulate_hooks(leaves: list[Tensor], what: str) -> None:
+    """Run each leaf's post-accumulate-grad hooks in turn; the first to raise is noted and re-raised (the
+    caller then undoes the .grad writes of ``what``: "this backward pass", "this commit")."""
+    for leaf in leaves:
+        for fn in list(leaf._post_hooks.values()):
+            try:
+                fn(leaf)
+            except Exception as e:
+                note_failure(
+                    e,
+                    f"raised in a post-accumulate-grad hook on a leaf tensor of shape {leaf._shape}; "
+                    f"every .grad {what} had written was put back as it was",
+                )
+                raise
+
+
 def check_hook_grads(node: Node, kind: str, old: list[Any], new: Any) -> list[Any]:
     """A node hook must return one Tensor (or None) per gradient, each of the old one's shape."""
     new = list(new) if isinstance(new, (tuple, list)) else [new]

@@ -30,12 +30,11 @@ from typing import Any
 import attrs
 import trio
 
-from ..actors import Actor, ActorClosedError
+from ..actors import Actor, ActorClosedError, read_record
 from ..devices import private_base
 from ..runtime._hooks import HookTable
 from ._accumulate import accumulate, submit_steals, undo, undo_record
-from ._hooks import call_hook, check_hook_grad
-from ._run_node import note_failure
+from ._hooks import call_hook, check_hook_grad, run_post_accumulate_hooks
 
 
 @attrs.frozen
@@ -226,17 +225,7 @@ class LeafOwner(Actor):
             # in the order the gradients were staged (produced), as PyTorch runs them as each one lands
             post.reverse()
             _committing = task_id
-            for leaf in post:
-                for fn in list(leaf._post_hooks.values()):
-                    try:
-                        fn(leaf)
-                    except Exception as e:
-                        note_failure(
-                            e,
-                            f"raised in a post-accumulate-grad hook on a leaf tensor of shape {leaf._shape}; "
-                            "every .grad this backward pass had written was put back as it was",
-                        )
-                        raise
+            run_post_accumulate_hooks(post, "this backward pass")
         except Exception:
             undo(records)
             raise
@@ -279,13 +268,7 @@ class LeafOwner(Actor):
         return post
 
     def owner_statistics(self) -> OwnerStatistics:
-        return OwnerStatistics(
-            name=self.name,
-            leaves_committed=self._leaves_committed,
-            commits=self._commits,
-            graph_tasks_seen=self._tasks_seen,
-            hook_messages=self._hook_messages,
-        )
+        return read_record(OwnerStatistics, self, name=self.name, graph_tasks_seen=self._tasks_seen)
 
 
 def _prepare(entries: list[list[Any]]) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..actors import read_record
+
 MIN_BYTES = 128 << 10  # below glibc's smallest mmap threshold such blocks are reused anyway
 _PAGE = 4096
 
@@ -128,14 +130,7 @@ class HostCache:
         self.empty_cache()
 
     def statistics(self) -> HostCacheStatistics:
-        return HostCacheStatistics(
-            hits=self._hits,
-            misses=self._misses,
-            recycled=self._recycled,
-            released=self._released,
-            cached_bytes=self._cached,
-            max_cached_bytes=self.max_cached_bytes,
-        )
+        return read_record(HostCacheStatistics, self, cached_bytes=self._cached)
 
 
 def private_base(arr: np.ndarray) -> bool:

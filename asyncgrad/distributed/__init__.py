@@ -14,7 +14,7 @@ This package never imports asyncgrad.nn.
 # distributed autograd and the distributed optimizer (issue 19)
 from . import autograd, optim
 from ._dist_optim import DistributedOptimizer
-from ._errors import AuthenticationError, RemoteError, WorkerDied, WorkersClosed
+from ._errors import AuthenticationError, CallCancelled, RemoteError, WorkerDied, WorkersClosed
 from ._future import Future
 from ._mesh import PeerWorker, get_worker, rpc
 from ._peer import current_call, statistics
@@ -32,7 +32,7 @@ from ._population import (
 from ._rref import RRef
 from ._streams import RPCStatistics
 from ._trial import Trial
-from ._workers import CallCancelled, Worker, Workers, open_workers
+from ._workers import Worker, Workers, open_workers
 
 __all__ = [
     "AuthenticationError",

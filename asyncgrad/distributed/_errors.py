@@ -53,6 +53,10 @@ class WorkerDied(RuntimeError):
         return (type(self), (self.worker, self.exitcode, self.detail))
 
 
+class CallCancelled(RuntimeError):
+    """Raised by a `Future` whose call was cancelled with `Future.cancel()`."""
+
+
 class WorkersClosed(RuntimeError):
     """The workers were shut down (their `open_workers` block ended) before the call completed."""
 

@@ -27,7 +27,7 @@ from ._connection import Connection, client_handshake, connect
 from ._dist_autograd import wants_grad
 from ._errors import WorkerDied
 from ._future import Future
-from ._peer import CALL, NEW, PEER, UNSET, Outgoing, Peer, current_call, send_message, target_of, this_node
+from ._peer import CALL, NEW, PEER, UNSET, Outgoing, Peer, current_call, drive_call, send_message, target_of, this_node
 from ._rref import RRef
 
 CONNECT_TIMEOUT = 30.0  # seconds to look a peer up and connect to it
@@ -133,7 +133,7 @@ class PeerWorker:
         fut = Future(self._nursery, what or out.what)
         scope = trio.CancelScope()
         fut._cancel = scope.cancel
-        self._nursery.start_soon(_drive_call, peer, out, self._timeout(timeout), fut, scope)
+        self._nursery.start_soon(drive_call, peer, out, self._timeout(timeout), fut, scope)
         return fut
 
     async def remote(self, cls: Any, /, *args: Any, timeout: Any = UNSET, **kwargs: Any) -> RRef:
@@ -143,19 +143,6 @@ class PeerWorker:
         out = peer.prepare(NEW, [target], args, kwargs, f"the creation of {target}")
         object_id = await peer.roundtrip(out, self._timeout(timeout))
         return RRef(self, peer, object_id, target.partition(":")[2])
-
-
-async def _drive_call(peer: Peer, out: Outgoing, timeout: float | None, fut: Future, scope: trio.CancelScope) -> None:
-    try:
-        with scope:
-            fut._set_result(await peer.roundtrip(out, timeout))
-            return
-        fut._set_error(RuntimeError(f"{out.what} on {peer.name} was cancelled"))
-    except trio.Cancelled:
-        fut._set_error(RuntimeError(f"the worker closed before {out.what} on {peer.name} completed"))
-        raise
-    except BaseException as e:
-        fut._set_error(e)
 
 
 async def get_worker(name: str, *, timeout: float | None = None, connect_timeout: float = CONNECT_TIMEOUT) -> Any:

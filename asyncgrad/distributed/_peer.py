@@ -30,7 +30,8 @@ from ..devices import DeviceStatistics
 from ..runtime import NoRuntimeError, current_runtime, from_numpy, use_stream
 from . import _streams
 from ._connection import Connection, ConnectionClosed, server_handshake
-from ._errors import AuthenticationError, ProtocolError, error_from_wire, error_to_wire
+from ._errors import AuthenticationError, CallCancelled, ProtocolError, WorkersClosed, error_from_wire, error_to_wire
+from ._future import Future
 from ._wire import Encoded, RRefMarker, decode, encode, plain, read_table
 
 log = logging.getLogger("asyncgrad.distributed")
@@ -946,3 +947,21 @@ async def _handle_connection(
     )
     await peer.run()
     peer.fail(ConnectionClosed(f"the connection to {peer.name} closed"))
+
+
+async def drive_call(peer: Peer, out: Outgoing, timeout: float | None, fut: Future, scope: trio.CancelScope) -> None:
+    """Run the call ``out`` on ``peer`` for ``fut`` (a `Future`'s task): its result or error lands in ``fut``.
+
+    ``scope`` is the one `Future.cancel` cancels (`CallCancelled`); a call still running when its nursery closes
+    fails with `WorkersClosed`.
+    """
+    try:
+        with scope:
+            fut._set_result(await peer.roundtrip(out, timeout))
+            return
+        fut._set_error(CallCancelled(f"{out.what} on {peer.name} was cancelled"))
+    except trio.Cancelled:
+        fut._set_error(WorkersClosed(f"the workers closed before {out.what} on {peer.name} completed"))
+        raise
+    except BaseException as e:
+        fut._set_error(e)

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import trio
 
+from ..actors import read_record
 from ..runtime import NoRuntimeError, current_runtime
 from ._errors import WorkerDied, WorkersClosed
 from ._peer import target_of
@@ -206,15 +207,10 @@ class Population:
         return self._max_concurrent * self._cores
 
     def statistics(self) -> PopulationStatistics:
-        return PopulationStatistics(
-            workers=tuple(w.name for w in self._live),
-            load=dict(self._load),
-            running=sum(self._load.values()),
-            waiting=self._waiting,
-            finished=self._finished,
-            failed=self._failed,
-            cancelled=self._cancelled,
-            retried=self._retried,
+        workers = tuple(w.name for w in self._live)
+        load = dict(self._load)
+        return read_record(
+            PopulationStatistics, self, workers=workers, load=load, running=sum(load.values()),
             workers_replaced=self._replaced,
         )
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from ..actors import read_record
 from ..devices import Device, Lane, Stream
 
 # Seconds a collective may wait for its peers before it fails (a peer that raised, died or issued a
@@ -132,16 +133,9 @@ class ProcessGroup:
         return list(self._timeline or [])
 
     def statistics(self) -> GroupStatistics:
-        return GroupStatistics(
-            name=self._name,
-            rank=self.rank,
-            size=self.size,
-            collectives_issued=self._issued,
-            collectives_completed=self._completed,
-            collectives_failed=self._failed,
-            bytes_reduced=self._bytes,
-            comm_streams=len(self._streams),
-            broken=self._broken,
+        return read_record(
+            GroupStatistics, self, collectives_issued=self._issued, collectives_completed=self._completed,
+            collectives_failed=self._failed, bytes_reduced=self._bytes, comm_streams=len(self._streams),
         )
 
     # ---- used by the jobs on the comm lanes -----------------------------------------------------

@@ -39,6 +39,7 @@ from ._peer import (
     UNSET,
     Outgoing,
     Peer,
+    drive_call,
     read_message,
     send_message,
     serve_connections,
@@ -53,10 +54,6 @@ from ._wire import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_META_BYTES
 log = logging.getLogger("asyncgrad.distributed")
 
 SHUTDOWN_TIMEOUT = 10.0  # how long a worker gets to leave on its own before it is killed
-
-
-class CallCancelled(RuntimeError):
-    """Raised by a `Future` whose call was cancelled with `Future.cancel()`."""
 
 
 class WorkerProcess(Protocol):
@@ -278,7 +275,7 @@ class Worker:
         fut = Future(nursery, what or out.what)
         scope = trio.CancelScope()
         fut._cancel = scope.cancel
-        nursery.start_soon(_drive_call, peer, out, self._timeout(timeout), fut, scope)
+        nursery.start_soon(drive_call, peer, out, self._timeout(timeout), fut, scope)
         return fut
 
     async def remote(self, cls: Any, /, *args: Any, timeout: Any = UNSET, **kwargs: Any) -> RRef:
@@ -294,19 +291,6 @@ class Worker:
         """The worker's RPC counters and its CPU stream pool's statistics."""
         d = await self.call("asyncgrad.distributed._peer:statistics_for_wire")
         return statistics_from_wire(d)
-
-
-async def _drive_call(peer: Peer, out: Outgoing, timeout: float | None, fut: Future, scope: trio.CancelScope) -> None:
-    try:
-        with scope:
-            fut._set_result(await peer.roundtrip(out, timeout))
-            return
-        fut._set_error(CallCancelled(f"{out.what} on {peer.name} was cancelled"))
-    except trio.Cancelled:
-        fut._set_error(WorkersClosed(f"the workers closed before {out.what} on {peer.name} completed"))
-        raise
-    except BaseException as e:
-        fut._set_error(e)
 
 
 class Workers:

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import trio
 
+from ..actors import read_record
 from ..devices import DEFAULT_LANE_NICE, CPUDevice, Device, Stream, Synchronize
 from ._loop_sched import _no_restore, raise_priority, shorten_slice
 
@@ -172,17 +173,8 @@ class Runtime:
         return out
 
     def statistics(self) -> RuntimeStatistics:
-        return RuntimeStatistics(
-            devices=tuple(k for k in self.devices if k != "cpu"),
-            lanes=self.lanes,
-            blas_threads=self.blas_threads,
-            graph_tasks_started=self.graph_tasks_started,
-            graph_tasks_finished=self.graph_tasks_finished,
-            grads_stolen=self.grads_stolen,
-            grads_copied=self.grads_copied,
-            grads_accumulated=self.grads_accumulated,
-            worker_threads=len(self.threads()),
-        )
+        devices = tuple(k for k in self.devices if k != "cpu")
+        return read_record(RuntimeStatistics, self, devices=devices, worker_threads=len(self.threads()))
 
     async def synchronize(self) -> None:
         """Wait until every stream of every device has finished its work."""
