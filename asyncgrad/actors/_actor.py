@@ -83,11 +83,7 @@ class Actor:
         self._busy = False  # a message is being handled right now
         self._cancelled = False
         self._crash: BaseException | None = None
-        self._received = 0
-        self._taken = 0
-        self._handled = 0
-        self._calls = 0
-        self._max_pending = 0
+        self._received = self._taken = self._handled = self._calls = self._max_pending = 0  # counters
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

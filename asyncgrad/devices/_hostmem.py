@@ -63,10 +63,7 @@ class HostCache:
         self._free: dict[int, list[np.ndarray]] = {}
         self._lock = threading.Lock()
         self._cached = 0
-        self._hits = 0
-        self._misses = 0
-        self._recycled = 0
-        self._released = 0
+        self._hits = self._misses = self._recycled = self._released = 0
         self._closed = False
         self._on_dead = self._recycle  # one bound method shared by every weak ref
 

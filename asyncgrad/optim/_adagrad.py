@@ -9,7 +9,7 @@ import numpy as np
 
 from ..runtime import Tensor, no_grad
 from ._optimizer import Optimizer, fused_update, state_like
-from ._port_common import nonneg
+from ._port_common import group_floats, nonneg
 
 __all__ = ["Adagrad"]
 
@@ -81,10 +81,7 @@ class Adagrad(Optimizer):
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         if not state:
             self._init_state(p, state)
-        lr = float(group["lr"])
-        lr_decay = float(group["lr_decay"])
-        eps = float(group["eps"])
-        wd = float(group["weight_decay"])
+        lr, lr_decay, eps, wd = group_floats(group, "lr", "lr_decay", "eps", "weight_decay")
         maximize = bool(group["maximize"])
         state["step"] += 1
         clr = lr / (1 + (state["step"] - 1) * lr_decay)

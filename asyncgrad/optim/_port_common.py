@@ -31,6 +31,11 @@ def adam_family_hypers(group: dict[str, Any]) -> tuple[float, float, float, floa
             bool(group["maximize"]))
 
 
+def group_floats(group: dict[str, Any], *names: str) -> list[float]:
+    """The hyper-parameters ``names`` of a parameter group, as floats (in that order)."""
+    return [float(group[k]) for k in names]
+
+
 def scalar_state(x: float) -> float:
     """``x`` as PyTorch keeps a scalar optimizer state (ASGD's eta and mu, NAdam's mu_product): a 0-d
     tensor of float64 when the default dtype is float64, else float32."""

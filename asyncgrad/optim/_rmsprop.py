@@ -9,7 +9,7 @@ import numpy as np
 
 from ..runtime import Tensor
 from ._optimizer import Optimizer, count_step, fused_update, state_like
-from ._port_common import lerp_
+from ._port_common import group_floats, lerp_
 
 __all__ = ["RMSprop"]
 
@@ -73,11 +73,7 @@ class RMSprop(Optimizer):
         super().__init__(params, defaults)
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-        lr = float(group["lr"])
-        alpha = float(group["alpha"])
-        eps = float(group["eps"])
-        wd = float(group["weight_decay"])
-        momentum = float(group["momentum"])
+        lr, alpha, eps, wd, momentum = group_floats(group, "lr", "alpha", "eps", "weight_decay", "momentum")
         centered = bool(group["centered"])
         maximize = bool(group["maximize"])
         fresh: set[str] = set()

@@ -135,11 +135,8 @@ class Runtime:
         self.devices["cpu"] = self.devices["cpu:0"]
         self.cpu: Device = self.devices["cpu"]
         self.blas_threads: int | None = None
-        self.graph_tasks_started = 0
-        self.graph_tasks_finished = 0
-        self.grads_stolen = 0
-        self.grads_copied = 0
-        self.grads_accumulated = 0
+        self.graph_tasks_started = self.graph_tasks_finished = 0
+        self.grads_stolen = self.grads_copied = self.grads_accumulated = 0
         self.closed = False
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by open_runtime
         self.owners: dict[Any, Any] = {}  # stream -> LeafOwner (see autograd._leaf_owner)

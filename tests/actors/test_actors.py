@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
-from asyncgrad.actors import Actor, ActorClosedError, ActorStatistics
+from asyncgrad.actors import Actor, ActorClosedError, ActorStatistics, read_record
 
 TIMEOUT = 5  # seconds; generous, only here to turn a hang into a failure
 
@@ -321,3 +322,24 @@ async def test_idle_says_whether_call_nowait_would_handle_a_message_now() -> Non
         await n.start(gated.run)
         assert not gated.idle  # an async handler is never called inline
         gated.close()
+
+
+def test_read_record_reads_private_then_public_fields_and_takes_given_ones() -> None:
+    @attrs.frozen
+    class Rec:
+        hits: int
+        size: int
+        name: str
+        total: int
+
+    class Source:
+        def __init__(self) -> None:
+            self._hits = 3  # a private counter is read first
+            self.hits = -1
+            self.size = 7  # a public attribute, when there is no private one
+            self.name = "src"
+
+    rec = read_record(Rec, Source(), total=10)
+    assert rec == Rec(hits=3, size=7, name="src", total=10)
+    with pytest.raises(AttributeError):
+        read_record(Rec, Source())  # `total` is neither given nor an attribute
