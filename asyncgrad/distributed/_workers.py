@@ -199,6 +199,7 @@ class Worker:
         self.address: str | None = None
         self._ready = trio.Event()
         self._failed: BaseException | None = None
+        self._failure_raised = False
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else f"dead (exit code {self.exitcode})"
@@ -312,6 +313,7 @@ class Workers:
         self._runtime_options = runtime_options
         self._workers: list[Worker] = []
         self._expected_remote = 0
+        self._remote: list[Worker] = []  # the workers that joined from elsewhere (`--connect`)
         self._nursery: trio.Nursery = None  # type: ignore[assignment]
         self._listener: Listener | None = None
         self._tmpdir: str | None = None
@@ -377,6 +379,7 @@ class Workers:
             self._expected_remote -= 1
             w = Worker(self, self._free_name(name), len(self._workers))
             self._workers.append(w)
+            self._remote.append(w)
         if w is None:
             log.warning("refused a worker joining as %r from %s: no such worker is expected", name, conn.peer)
             conn.close()
@@ -472,12 +475,13 @@ class Workers:
                 await w._ready.wait()
                 if w._failed is not None:
                     raise w._failed
-            remote_before = len(self._workers)
             while self._expected_remote > 0:
                 await trio.sleep(0.05)
-            for w in list(self._workers) if which is None else self._workers[remote_before:]:
+            # a remote worker may have joined while the local ones started: it is ready only after HELLO
+            for w in list(self._workers) if which is None else list(self._remote):
                 await w._ready.wait()
-                if w._failed is not None:
+                if w._failed is not None and (which is None or not w._failure_raised):
+                    w._failure_raised = True  # a later start is not failed by it again
                     raise w._failed
         if cs.cancelled_caught:
             missing = [w.name for w in (self._workers if which is None else which) if not w._ready.is_set()]
