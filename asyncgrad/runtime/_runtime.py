@@ -246,7 +246,9 @@ async def open_runtime(
             theirs beside busy processes and torch's threads, issue 22 item 1). Measured side by side
             (``benchmarks/bench.py W5M``, W5 reading its loss every step through the async form, 2
             cores, machine otherwise idle): heartbeat p99 0.74-0.76 ms with 0.0003 against 2.7-3.1 ms
-            with the kernel's slice and 0.89-0.93 ms with 0.0001 (max 2.3-4.1 ms against 6.4-6.8). A
+            with the kernel's slice and 0.89-0.93 ms with 0.0001 (max 2.3-4.1 ms against 6.4-6.8); with
+            one other process busy on the machine, 6 runs each: p99 0.69-3.4 ms (median 1.1) against
+            0.76-3.8 ms (median 2.9), so 1 ms is met on an idle machine, not reliably beside it. A
             shorter slice also means the loop is preempted sooner once it runs: 0.0001 cost W3's tasks
             in one runtime 5-60% under load, as the loop records every op; 0.0003 lets a batch of ready
             tasks finish in one slice (W3 tasks at P=8 under load 5-8, 6 alternating rounds: median
