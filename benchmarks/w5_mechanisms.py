@@ -2,11 +2,19 @@
 scheduling mechanism issue 22 names, side by side. Each run is a fresh process (the settings are per
 thread or per process and must not leak into the next), interleaved round after round.
 
-Mechanisms (what each run changes; "priv" = needs root or CAP_SYS_NICE):
-- default: lanes at the loop's priority (``lane_nice=0``);
-- nice10: lanes 10 nicer than the loop (``lane_nice=10``);
+Mechanisms (what each run changes; "priv" = needs root or CAP_SYS_NICE). "default" is `open_runtime`'s
+defaults; every other run starts from the kernel's slice for the loop (``loop_slice_s=None``) and changes
+one thing:
+- default: lanes at the loop's priority (``lane_nice=0``), the loop asking for a 0.3 ms slice;
+- kernelslice: the default lanes, the loop on the kernel's slice (the default before the 0.3 ms one);
+- nice10: lanes 10 nicer than the loop (``lane_nice=10``); nice2, nice5: 2 and 5 nicer;
 - loopslice: the loop thread asks for a 0.1 ms EEVDF slice (``sched_setattr`` ``sched_runtime``, Linux
   6.12+, unprivileged): a thread that wakes with a short slice gets an early deadline and preempts;
+  slice300, slice500: 0.3 and 0.5 ms; slicenice3: 0.1 ms and ``lane_nice=3``;
+- slicewait: a 0.1 ms slice only while the loop sleeps in epoll (a trio instrument around each wait
+  with a timeout), the kernel's while it runs;
+- poolidle: OpenBLAS's pool threads (every thread but the loop and the lanes) under SCHED_IDLE, so a
+  waking loop preempts them at once; slicepoolidle: that and a 0.1 ms slice; poolnice10: them at nice 10;
 - lanebatch: lanes under SCHED_BATCH (unprivileged): they never preempt on wake-up;
 - switch: ``sys.setswitchinterval(0.0005)`` (the default 5 ms is how long a thread waiting for the GIL
   waits before it asks the holder to drop it);
@@ -30,7 +38,9 @@ from typing import Any
 from _common import fmt, median, say, table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MECHANISMS = ["default", "nice10", "loopslice", "lanebatch", "switch", "blastimeout", "loopnice"]
+MECHANISMS = ["default", "kernelslice", "nice10", "loopslice", "lanebatch", "switch", "blastimeout", "loopnice",
+              "nice2", "nice5", "slicenice3", "slicewait", "poolidle", "poolnice10", "slicepoolidle", "slice300",
+              "slice500"]
 
 
 class _SchedAttr(ctypes.Structure):
@@ -51,13 +61,53 @@ def set_slice(ns: int, tid: int = 0) -> None:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
+class _SliceWhileWaiting:
+    """A trio instrument: a 0.1 ms slice while the loop sleeps in epoll, the kernel's while it runs."""
+
+    def __init__(self) -> None:
+        a = _SchedAttr()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(315, 0, ctypes.byref(a), ctypes.sizeof(a), 0)
+        self.base = int(a.sched_runtime)
+
+    def before_io_wait(self, timeout: float) -> None:
+        if timeout > 0:
+            set_slice(100_000)
+
+    def after_io_wait(self, timeout: float) -> None:
+        if timeout > 0:
+            set_slice(self.base)
+
+
+def _pool_threads(mode: str, lanes: set[int | None]) -> None:
+    """OpenBLAS's pool threads (every thread but the main one and the lanes) to SCHED_IDLE or nice 10."""
+    me = threading.get_native_id()
+    for t in os.listdir("/proc/self/task"):
+        tid = int(t)
+        if tid in lanes or tid == me or tid == os.getpid():
+            continue
+        if mode == "poolnice10":
+            os.setpriority(os.PRIO_PROCESS, tid, 10)
+        else:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+
+
 def child(mode: str, steps: int) -> dict[str, Any]:
     import trio
     import w5_loop_stall as w5
 
     import asyncgrad as ag
 
-    opts = {"lane_nice": 10} if mode == "nice10" else {}
+    # every mechanism but "default" runs on the kernel's slice unless it names one (one mechanism at a time)
+    opts: dict[str, Any] = {} if mode == "default" else {"loop_slice_s": None}
+    lane_nice = {"nice10": 10, "nice2": 2, "nice5": 5, "slicenice3": 3}
+    if mode in lane_nice:
+        opts["lane_nice"] = lane_nice[mode]
+    loop_slice = {"loopslice": 0.0001, "slicenice3": 0.0001, "slicepoolidle": 0.0001, "slice300": 0.0003,
+                  "slice500": 0.0005}
+    if mode in loop_slice:
+        opts["loop_slice_s"] = loop_slice[mode]
+    instruments: list[Any] = [_SliceWhileWaiting()] if mode == "slicewait" else []
     if mode == "switch":
         sys.setswitchinterval(0.0005)
     X, W0 = w5.arrays()
@@ -68,14 +118,14 @@ def child(mode: str, steps: int) -> dict[str, Any]:
         rec: dict[str, float] = {}
 
         async def main() -> None:
-            if mode == "loopslice":
-                set_slice(100_000)
             if mode == "loopnice":
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10)
             async with ag.open_runtime(**opts) as rt:
                 if mode == "lanebatch":
                     for th in rt.threads():
                         os.sched_setscheduler(th.native_id or 0, os.SCHED_BATCH, os.sched_param(0))
+                if mode in ("poolidle", "poolnice10", "slicepoolidle"):
+                    _pool_threads(mode, {th.native_id for th in rt.threads()})
                 model = await w5.ag_model(X, W0)
                 done = trio.Event()
 
@@ -88,7 +138,7 @@ def child(mode: str, steps: int) -> dict[str, Any]:
                         n.start_soon(w5.heartbeat, late, busy, done)
                     n.start_soon(trainer)
 
-        trio.run(main)
+        trio.run(main, instruments=instruments)
         return late, rec["t"]
 
     once(False)  # warm-up

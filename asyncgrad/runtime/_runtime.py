@@ -22,8 +22,10 @@ from ..devices import DEFAULT_LANE_NICE, CPUDevice, Device, Stream, Synchronize
 from ._loop_sched import _no_restore, raise_priority, shorten_slice
 
 # the loop thread's scheduler slice while a runtime is open (see `open_runtime`'s ``loop_slice_s``):
-# None leaves the kernel's; 0.0001 halved W5's p99 under load but cost W3 5-60% (measured side by side)
-DEFAULT_LOOP_SLICE_S: float | None = None
+# 0.3 ms brought W5's p99 (loss read every step) under 1 ms on an otherwise idle machine, where the
+# kernel's left 2.7-3.1 ms and 0.1 ms ~0.9 ms (the loop, preempted after every 0.1 ms it runs, lost
+# W3's recording 5-60% under load; 0.3 ms lets a batch of ready tasks finish in one slice)
+DEFAULT_LOOP_SLICE_S: float | None = 0.0003
 
 _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("asyncgrad_runtime", default=None)
 
@@ -209,10 +211,11 @@ async def open_runtime(
             busy process a W1 step ran at 0.94-1.00x of plain numpy under the same load with 0
             against 2.8-4.6x with 10, a small CNN step 0.80-1.16x against 3.6-4.4x; beside torch
             training in a thread W1 1.18-1.77x against 5.0-5.5x, the CNN 0.48-0.94x against 2.6-4.4x.
-            The limit: while kernels keep every core busy, a waking loop waits for its turn (W5's 1 ms
-            heartbeat: p99 of several ms; under 1 ms with 10 on an otherwise idle machine). Pass 10
-            for a service whose latency matters more than its training's throughput, on a machine it
-            has to itself. Applied only with one BLAS thread per lane (the default when lanes ==
+            The limit: while kernels keep every core busy, a waking loop waits for its turn; the
+            default ``loop_slice_s`` keeps that wait under a millisecond on an otherwise idle machine
+            (W5's p99 2.7-3.1 ms with lane_nice=0 alone), not beside other busy processes. Pass 10 for
+            a service whose latency matters more than its training's throughput, on a machine it has
+            to itself. Applied only with one BLAS thread per lane (the default when lanes ==
             cores): a multi-threaded BLAS's own pool threads keep normal priority and would starve
             the lane.
         loop_nice: A nice value for the event loop's thread while the runtime is open (e.g. -10), set
@@ -224,16 +227,25 @@ async def open_runtime(
             without them this raises PermissionError. Linux only (elsewhere nice is per process).
             Threads and processes the loop thread starts while it is raised inherit the value.
         loop_slice_s: A scheduler slice for the loop's thread while the runtime is open, in seconds
-            (0.0001 to 0.1; restored on leaving). Default None: the kernel's (1.4 ms here). A thread
-            that wakes with a short slice preempts one running out a long slice, so with 0.0001 the
-            loop wakes sooner beside busy lanes and processes, with no privilege and no change to
-            anyone's share of the CPU (Linux 6.12+ EEVDF; older kernels and other systems ignore it).
-            Measured side by side at load 15-21 on 2 cores (``benchmarks/bench.py W5M``, 2 rounds):
-            W5's heartbeat p99 29 and 19 ms against 47 and 51 ms with the kernel's slice (max 78/66
-            against 95/114 ms); but W3's tasks in one runtime, whose loop thread records every op,
-            ran 5-60% slower in 5 of 6 pairs (the loop is preempted more often). So it is for a
-            service whose latency matters more than its training's throughput; on an oversubscribed
-            machine the loop still waits for a core, and p99 <= 1 ms there needs ``loop_nice``.
+            (0.0001 to 0.1; restored on leaving; None: the kernel's, 1.4 ms here). Default 0.0003. A
+            thread that wakes with a short slice gets an early deadline and preempts one running out a
+            long slice (Linux 6.12+ EEVDF; older kernels and other systems ignore it), so the loop,
+            woken by a timer or a socket while lanes and BLAS threads fill every core, runs within
+            about a slice, with no privilege and no change to anyone's share of the CPU (the lanes keep
+            theirs beside busy processes and torch's threads, issue 22 item 1). Measured side by side
+            (``benchmarks/bench.py W5M``, W5 reading its loss every step through the async form, 2
+            cores, machine otherwise idle): heartbeat p99 0.74-0.76 ms with 0.0003 against 2.7-3.1 ms
+            with the kernel's slice and 0.89-0.93 ms with 0.0001 (max 2.3-4.1 ms against 6.4-6.8); with
+            one other process busy on the machine, 6 runs each: p99 0.69-3.4 ms (median 1.1) against
+            0.76-3.8 ms (median 2.9), so 1 ms is met on an idle machine, not reliably beside it. A
+            shorter slice also means the loop is preempted sooner once it runs: 0.0001 cost W3's tasks
+            in one runtime 5-60% under load, as the loop records every op; 0.0003 lets a batch of ready
+            tasks finish in one slice (W3 tasks at P=8 under load 5-8, 6 alternating rounds: median
+            3.34 s against 4.14 s with the kernel's slice, within the noise). The limits: it buys
+            latency only against threads of equal weight; beside other busy processes (load above the
+            cores) the loop still waits for a core and p99 is several ms (load 4-7 on 2 cores: 3-7 ms
+            whatever the slice), which only ``loop_nice`` (privileged) or ``lane_nice`` (which costs
+            the lanes their share) improve.
     Leaving the block waits for queued kernels, stops and joins every worker thread.
     """
     if _current.get() is not None and not _current.get().closed:  # type: ignore[union-attr]

@@ -1,5 +1,5 @@
-"""The loop thread's scheduling while a runtime is open: on request a short scheduler slice (``loop_slice_s``)
-and a raised priority (``loop_nice``, lanes keep theirs), both restored on leaving; a clear
+"""The loop thread's scheduling while a runtime is open: a short scheduler slice (``loop_slice_s``, 0.3 ms
+by default) and on request a raised priority (``loop_nice``, lanes keep theirs), both restored on leaving; a clear
 PermissionError where the process may not raise it."""
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ async def test_the_loop_thread_asks_for_a_short_slice_while_the_runtime_is_open_
     if before is None:
         pytest.skip("no sched_getattr on this platform")
     with trio.fail_after(30):
-        async with ag.open_runtime() as rt:
-            assert thread_slice_ns() == before  # the default leaves the kernel's
+        async with ag.open_runtime(loop_slice_s=None) as rt:
+            assert thread_slice_ns() == before  # None leaves the kernel's
         async with ag.open_runtime(loop_slice_s=0.0001) as rt:
             assert thread_slice_ns() == 100_000
             lanes = [thread_slice_ns(th.native_id) for th in rt.threads() if th.native_id]
@@ -104,3 +104,29 @@ async def test_the_loop_thread_asks_for_a_short_slice_while_the_runtime_is_open_
         async with ag.open_runtime(loop_slice_s=0.5):
             pass
     assert thread_slice_ns() == before
+
+
+@linux
+async def test_by_default_the_loop_asks_for_a_0_3_ms_slice_and_gets_its_own_back_on_leaving() -> None:
+    from asyncgrad.runtime._loop_sched import thread_slice_ns
+    from asyncgrad.runtime._runtime import DEFAULT_LOOP_SLICE_S
+
+    before = thread_slice_ns()
+    if before is None:
+        pytest.skip("no sched_getattr on this platform")
+    assert DEFAULT_LOOP_SLICE_S == 0.0003
+    with trio.fail_after(30):
+        async with ag.open_runtime() as rt:
+            if thread_slice_ns() == before and before != 300_000:
+                pytest.skip("this kernel keeps no per-thread slice (EEVDF's sched_runtime, Linux 6.12+)")
+            assert thread_slice_ns() == 300_000
+            lanes = [thread_slice_ns(th.native_id) for th in rt.threads() if th.native_id]
+            assert lanes and all(s == before for s in lanes)  # lanes keep the kernel's slice
+            out = ag.ones(64, 64) @ ag.ones(64, 64)
+            assert float((await out.ready()).numpy()[0, 0]) == 64.0
+        assert thread_slice_ns() == before
+        with pytest.raises(KeyError):  # an error in the block restores it too
+            async with ag.open_runtime():
+                assert thread_slice_ns() == 300_000
+                raise KeyError("boom")
+        assert thread_slice_ns() == before
