@@ -137,8 +137,25 @@ def _loss_fn() -> Any:
 # ---- P at once ------------------------------------------------------------------------------------
 
 
+def _thread_cpu(tid: int) -> float:
+    """CPU seconds (user + system) of one thread of this process (Linux; NaN elsewhere)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# the tasks contender's CPU by thread in its latest run at each P (see `_cpu_line`)
+TASKS_CPU: dict[int, dict[str, float]] = {}
+
+
 def run_ag_tasks(P: int, n: int) -> float:
-    """P worker tasks in one runtime pull trainings from a shared list; seconds for all ``n``."""
+    """P worker tasks in one runtime pull trainings from a shared list; seconds for all ``n``.
+
+    Also notes the CPU seconds of the loop thread, of the runtime's lanes and of the process's other
+    threads (BLAS pool threads) in `TASKS_CPU`: where the time goes when trainings share the runtime."""
     import trio
 
     import asyncgrad as ag
@@ -146,20 +163,36 @@ def run_ag_tasks(P: int, n: int) -> float:
     loss_fn = _loss_fn()
 
     async def main() -> float:
-        async with ag.open_runtime():
+        async with ag.open_runtime() as rt:
             todo = list(range(n))
 
             async def worker() -> None:
                 while todo:
                     await ag_training(todo.pop(), loss_fn)
 
+            loop_tid = threading.get_native_id()
+            lane_tids = [th.native_id for th in rt.threads() if th.native_id is not None]
+            before = [_thread_cpu(loop_tid)] + [_thread_cpu(tid) for tid in lane_tids]
+            cpu0 = time.process_time()
             t = time.perf_counter()
             async with trio.open_nursery() as nursery:
                 for _ in range(P):
                     nursery.start_soon(worker)
-            return time.perf_counter() - t
+            dt = time.perf_counter() - t
+            cpu = time.process_time() - cpu0
+            after = [_thread_cpu(loop_tid)] + [_thread_cpu(tid) for tid in lane_tids]
+            used = [b - a for a, b in zip(before, after)]
+            TASKS_CPU[P] = {"wall": dt, "process": cpu, "loop": used[0], "lanes": sum(used[1:]),
+                            "other": cpu - sum(used)}
+            return dt
 
     return trio.run(main)  # type: ignore[no-any-return]
+
+
+def _cpu_line(P: int) -> str:
+    c = TASKS_CPU[P]
+    return (f"P={P}: loop {c['loop']:.2f} s, lanes {c['lanes']:.2f} s, other threads {c['other']:.2f} s "
+            f"in {c['wall']:.2f} s ({c['process'] / c['wall']:.2f} cores busy)")
 
 
 def run_ag_threads(P: int, n: int) -> float:
@@ -423,6 +456,12 @@ def run(quick: bool = False) -> dict[str, Any]:
     say("  last columns: throughput at P=1 and at its best P, relative to the numpy floor at P=1")
     hdr = ["contender"] + [f"P={P}" for P in Ps] + ["P=1 /floor", "best /floor"]
     say(table(hdr, [r if len(r) > 1 else r + [""] * (len(hdr) - 1) for r in rows]))
+    if TASKS_CPU:
+        # the tasks contender's latest run at each P: with several trainings the loop and the lanes all run
+        # Python under one GIL (numpy's small kernels hold it), so fewer cores stay busy than at P=1
+        say("  asyncgrad tasks, CPU by thread (latest run; other threads: BLAS pool threads, which spin "
+            "while they wait): " + "; ".join(_cpu_line(P) for P in Ps if P in TASKS_CPU))
+        out["tasks_cpu_by_thread"] = dict(TASKS_CPU)
     at = out["contenders"].get("asyncgrad tasks", {})
     sp = [at[P]["speedup_vs_P1"] for P in Ps if P in at and "speedup_vs_P1" in at[P]]
     if sp:
