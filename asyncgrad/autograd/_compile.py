@@ -25,7 +25,7 @@ import attrs
 import numpy as np
 import trio
 
-from ..devices import HOST_CACHE_MIN_BYTES, lane_empty, private_base
+from ..devices import HOST_CACHE_MIN_BYTES, add_scaled, lane_empty, private_base
 from ..runtime import _capture, _grad_mode
 from ..runtime._capture import CaptureFallback
 from ..runtime._dispatch import _cast_kernel, apply, wait_for
@@ -86,6 +86,7 @@ class _Recorder:
         self.ext_start_version: dict[int, int] = {}
         self.arg_slots: list[tuple[int, int]] = []
         self.instrs: list[Any] = []  # closures f(slots, aliased), or an int: the index of a host segment
+        self.producer: dict[int, int] = {}  # a kernel output's slot -> the index of its instruction
         self.segments: list[list[Any]] = []  # [obj, grads at its start, guard]
         self.in_segment = False
         self.segment_tensors: set[int] = set()
@@ -234,6 +235,7 @@ class _Recorder:
             self.instrs.append(_k_out_instr(kernel, spec, kw, dtype, out._shape, o))
         else:
             self.instrs.append(_k_instr(kernel, spec, kw, dtype, o))
+        self.producer[o] = len(self.instrs) - 1
         self.n_kernels += 1
         return out
 
@@ -295,6 +297,28 @@ class _Recorder:
         if self.kinds[ti] == _EXT and write:
             self.ext_written.add(ti)
         self.instrs.append(_inplace_instr(fn, ti, spec))
+        self.n_kernels += 1
+        return res
+
+    def scaled_update(self, p: Tensor, tmp: Tensor, ufunc: Any, run: Callable[..., Any]) -> Tensor | None:
+        """``p -= k * g`` with ``k * g`` queued (`_inplace.scaled_update`): whether its kernel updates ``p`` in
+        one pass or computes the temporary is decided when it runs; the replay repeats that choice, so it
+        stays bit for bit the eager step (the one-pass update rounds differently). None: not this pattern."""
+        mi = self.slot_of.get(id(tmp))
+        k = self.producer.get(mi) if mi is not None else None
+        if mi is None or k is None or self.in_segment:
+            return None  # (made outside the step, or in an optimizer's step: recorded as a plain update)
+        g, scale = tmp.__dict__["_scaled"]
+        ti, gi = self._ref(p), self._ref(g)
+        decided: list[bool] = []
+        res: Tensor | None = self._eager(run, p, tmp, ufunc, decided)
+        if res is None or self.reason is not None:
+            return res
+        if self.kinds[ti] == _EXT:
+            self.ext_written.add(ti)
+        self.instrs[k] = _unless_fused(self.instrs[k], decided)
+        alpha = -scale if ufunc is np.subtract else scale
+        self.instrs.append(_scaled_instr(ufunc, alpha, ti, gi, mi, decided))
         self.n_kernels += 1
         return res
 
@@ -461,6 +485,27 @@ def _acc_add_instr(oi: int, gi: int) -> Any:
     return run
 
 
+def _unless_fused(ins: Any, decided: list[bool]) -> Any:
+    # ``decided`` is filled by the recording's own update kernel, which ran before any replay (the replay
+    # waits for the parameter it updated)
+    def run(s: list[Any], al: set[int]) -> None:
+        if not (decided and decided[0]):
+            ins(s, al)
+
+    return run
+
+
+def _scaled_instr(ufunc: Any, alpha: Any, ti: int, gi: int, mi: int, decided: list[bool]) -> Any:
+    def run(s: list[Any], al: set[int]) -> None:
+        a = s[ti]
+        if decided and decided[0]:
+            add_scaled(a, alpha, s[gi])
+        else:
+            ufunc(a, s[mi], out=a, casting="unsafe")
+
+    return run
+
+
 def _inplace_instr(fn: Any, ti: int, spec: tuple[tuple[int, Any], ...]) -> Any:
     def run(s: list[Any], al: set[int]) -> None:
         fn(s[ti], *[s[i] if i >= 0 else c for i, c in spec])
@@ -537,6 +582,9 @@ class _Regen:
         spec = tuple((self._ix(o), None) if isinstance(o, Tensor) else (-1, o) for o in others)
         self.instrs.append(_inplace_instr(fn, self._ix(t), spec))
         return t
+
+    def scaled_update(self, *a: Any) -> None:
+        return None  # (an optimizer's step records its updates as plain ones)
 
     def apply(self, op: Any, args: Any, kw: Any) -> Any:
         raise RuntimeError(f"compile: the optimizer's step ran op {op.name} on replay, not while recording")

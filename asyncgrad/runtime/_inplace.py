@@ -59,14 +59,16 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
     return t
 
 
-def scaled_update(p: Tensor, tmp: Tensor, ufunc: Any) -> Tensor | None:
+def scaled_update(p: Tensor, tmp: Tensor, ufunc: Any, decided: list[bool] | None = None) -> Tensor | None:
     """``p += tmp`` / ``p -= tmp`` where ``tmp = k * g`` is queued and nothing was queued after it: take its
     kernel over and update ``p`` in one pass (BLAS axpy), unless ``tmp`` turns out to be used elsewhere.
 
     The optimizer step users write by hand (``p -= lr * p.grad``) otherwise writes and reads back a whole
     temporary per parameter. Whether ``tmp`` is needed is decided in the kernel, when all the references
     there will ever be to it exist: if anything but the kernel still holds it, it is computed as before.
-    Returns None (nothing done) when the pattern does not apply.
+    Returns None (nothing done) when the pattern does not apply. ``decided``, if given, gets True appended
+    when the kernel ran the one-pass update and False when it computed ``tmp`` (a compiled step's replay
+    repeats what its recording did).
     """
     g, k = tmp.__dict__["_scaled"]
     stream = tmp._stream
@@ -95,6 +97,8 @@ def scaled_update(p: Tensor, tmp: Tensor, ufunc: Any) -> Tensor | None:
             ufunc(a, d, out=a, casting="unsafe")
         else:
             add_scaled(a, alpha, garr)
+        if decided is not None:
+            decided.append(d is None)
 
     inplace(p, update, g, box)
     tmp._seq = p._seq  # tmp is pending until the update: it may compute it
@@ -143,19 +147,16 @@ def itruediv(self: Tensor, other: Any) -> Tensor:
 
 def _iop(self: Tensor, other: Any, ufunc: Any, name: str) -> Tensor:
     check_inplace(self, name, other)
-    if type(other) is Tensor and other._defer is False and "_scaled" in other.__dict__ and _no_capture(name):
+    if type(other) is Tensor and other._defer is False and "_scaled" in other.__dict__:
         # `p -= lr * g`: one pass over memory, without the temporary, when `lr * g` is not used elsewhere
-        done = scaled_update(self, other, ufunc)
+        rec = _capture.active
+        if rec is not None and rec.wants():  # a compiled step records: its replay makes the same choice
+            done = rec.scaled_update(self, other, ufunc, scaled_update)
+        else:
+            done = scaled_update(self, other, ufunc)
         if done is not None:
             return done
     return inplace(self, lambda a, o: ufunc(a, o, out=a, casting="unsafe"), other)
-
-def _no_capture(name: str) -> bool:
-    """False while a compiled step records: its kernel decides at run time, so it cannot be replayed."""
-    rec = _capture.active
-    if rec is not None and rec.wants():
-        rec.unsupported(f"`p {name}= k * g` fused into one update (scaled_update) decides at run time")
-    return True
 
 
 def check_inplace(self: Tensor, name: str, *values: Any) -> None:

@@ -8,7 +8,7 @@ import trio
 
 import asyncgrad as ag
 
-from ._compile_models import assert_same, batches, state_arrays, step_fn, twin
+from ._compile_models import MLP, assert_same, batches, state_arrays, step_fn, twin
 
 STEPS = 20
 
@@ -349,3 +349,47 @@ async def test_compiled_steps_of_concurrent_tasks_stay_apart(rt):
     for step in steps:
         st = step.statistics()
         assert st.fallback_reason is None and st.recordings >= 1 and st.replays >= STEPS - 4
+
+
+# ---- the update users write by hand: `p -= lr * p.grad` ------------------------------------------------
+
+
+def _sgd_by_hand(model, keep: list | None):
+    async def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        await loss.backward()
+        with ag.no_grad():
+            for p in model.parameters():
+                d = 0.05 * p.grad
+                p -= d
+                if keep is not None:  # the temporary is used elsewhere: the update may not take it over
+                    keep.append(d)
+                del d
+                p.grad = None
+        return loss.detach()
+
+    return step
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["one-pass", "temporary-kept"])
+async def test_hand_written_sgd_replays_bit_identical(rt, hold):
+    # hidden 256: the weight updates run on a lane and take the one-pass (BLAS axpy) form, which rounds
+    # differently from `p - (lr * g)`; the replay must choose as the eager step did
+    ag.manual_seed(0)
+    m1, m2 = MLP(hidden=256), MLP(hidden=256)
+    m2.load_state_dict(m1.state_dict())
+    k1, k2 = ([], []) if hold else (None, None)
+    eager, step = _sgd_by_hand(m1, k1), ag.compile(_sgd_by_hand(m2, k2))
+    with trio.fail_after(60):
+        for x, y in batches("mlp", STEPS):
+            l1 = await eager(x, y)
+            l2 = await step(x, y)
+            await ag.current_runtime().synchronize()
+            assert l1.numpy().tobytes() == l2.numpy().tobytes()
+            for a, b in zip(m1.parameters(), m2.parameters()):
+                assert a.numpy().tobytes() == b.numpy().tobytes()
+    st = step.statistics()
+    assert st.fallback_reason is None and st.replays == STEPS - 2
+    if hold:
+        # the replay hands out no temporaries: the kept ones are the eager and recording steps' own
+        assert len(k1) == STEPS * 6 and len(k2) == 2 * 6
