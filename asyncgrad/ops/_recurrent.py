@@ -45,14 +45,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # type: ignore[no-any-return]
 
 
-def _sigmoid_into(x: np.ndarray, out: np.ndarray) -> None:
-    """``out = sigmoid(x)`` in the tanh form, with no temporaries."""
-    np.multiply(x, 0.5, out=out)
-    np.tanh(out, out=out)
-    out *= 0.5
-    out += 0.5
-
-
 def _ws_size(mode: str, t: int, b: int, h: int) -> int:
     """Elements after ``y`` in the packed buffer (``h``: the cell size, the gates' hidden size): LSTM gates
     (4H) and cells (H), GRU r z n and W_hn h + b_hn."""
