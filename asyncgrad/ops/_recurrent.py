@@ -45,14 +45,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # type: ignore[no-any-return]
 
 
-def _sigmoid_into(x: np.ndarray, out: np.ndarray) -> None:
-    """``out = sigmoid(x)`` in the tanh form, with no temporaries."""
-    np.multiply(x, 0.5, out=out)
-    np.tanh(out, out=out)
-    out *= 0.5
-    out += 0.5
-
-
 def _ws_size(mode: str, t: int, b: int, h: int) -> int:
     """Elements after ``y`` in the packed buffer (``h``: the cell size, the gates' hidden size): LSTM gates
     (4H) and cells (H), GRU r z n and W_hn h + b_hn."""
@@ -106,14 +98,21 @@ def _recurrent_kernel(
         cp: Any = c0
         hw = np.empty((b, 4 * h), dt)
         tmp = np.empty((b, h), dt)
+        # all four gates in three passes over the full width: sigmoid(x) = 0.5 + 0.5 tanh(0.5 x) on i, f, o
+        # and tanh on g, as tanh(scale * x) * scale + shift with per-column scale (0.5 or 1) and shift
+        scale = np.full(4 * h, 0.5, dt)
+        scale[2 * h : 3 * h] = 1.0
+        shift = np.full(4 * h, 0.5, dt)
+        shift[2 * h : 3 * h] = 0.0
         for s in _order(t_len, reverse):
             pre = xw[s]  # scratch: each step's projection is read once, so the gates build up in place
             np.matmul(hp, w_hh_t, out=hw)
             pre += hw
             gs = gates[s]
-            _sigmoid_into(pre[:, : 2 * h], gs[:, : 2 * h])  # i, f
-            np.tanh(pre[:, 2 * h : 3 * h], out=gs[:, 2 * h : 3 * h])  # g
-            _sigmoid_into(pre[:, 3 * h :], gs[:, 3 * h :])  # o
+            np.multiply(pre, scale, out=gs)
+            np.tanh(gs, out=gs)
+            gs *= scale
+            gs += shift
             i, f, g, o = gs[:, :h], gs[:, h : 2 * h], gs[:, 2 * h : 3 * h], gs[:, 3 * h :]
             c = cells[s]
             np.multiply(f, cp, out=c)
@@ -208,6 +207,7 @@ def _recurrent_grads(
         dgi = np.empty((t_len, b, 4 * h), g.dtype)
         dc = np.zeros((b, h), g.dtype)
         dhs = np.empty((t_len, b, hs), g.dtype) if w_hr is not None else None
+        act = np.empty((b, 4 * h), g.dtype)  # scratch: the gates' activation derivatives
         for k, s in enumerate(steps):
             gs = gates[s]
             i, f, gg, o = gs[:, :h], gs[:, h : 2 * h], gs[:, 2 * h : 3 * h], gs[:, 3 * h :]
@@ -225,10 +225,17 @@ def _recurrent_grads(
             dct = dc + dcells[s] + dht * o * (1.0 - tc * tc)
             d = dgi[s]
             dcg = dct if a is None else dct * a
-            d[:, :h] = dcg * gg * i * (1.0 - i)
-            d[:, h : 2 * h] = dcg * cp * f * (1.0 - f)
-            d[:, 2 * h : 3 * h] = dcg * i * (1.0 - gg * gg)
-            d[:, 3 * h :] = dht * tc * o * (1.0 - o)
+            # each gate's output gradient, then times its activation's derivative over the full width
+            # (sigmoid's s (1 - s) on i, f, o; tanh's 1 - g^2 on g)
+            np.multiply(dcg, gg, out=d[:, :h])
+            np.multiply(dcg, cp, out=d[:, h : 2 * h])
+            np.multiply(dcg, i, out=d[:, 2 * h : 3 * h])
+            np.multiply(dht, tc, out=d[:, 3 * h :])
+            np.subtract(1.0, gs, out=act)
+            act *= gs
+            np.multiply(gg, gg, out=act[:, 2 * h : 3 * h])
+            np.subtract(1.0, act[:, 2 * h : 3 * h], out=act[:, 2 * h : 3 * h])
+            d *= act
             if a is None:
                 dc = dct * f
                 dh = d @ w_hh
