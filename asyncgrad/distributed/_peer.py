@@ -28,7 +28,7 @@ import trio
 
 from ..devices import DeviceStatistics
 from ..runtime import NoRuntimeError, current_runtime, from_numpy, use_stream
-from . import _streams
+from . import _spin, _streams
 from ._connection import Connection, ConnectionClosed, server_handshake
 from ._errors import AuthenticationError, ProtocolError, error_from_wire, error_to_wire
 from ._wire import Encoded, RRefMarker, decode, encode, plain, read_table
@@ -413,6 +413,9 @@ class Peer:
         """Read and dispatch frames until the connection ends; then cancel the calls served from it."""
         rt = _current_runtime()
         self.device = rt.cpu if rt is not None else None  # where served calls take their streams
+        spin = _spin.spinner()
+        fd = self.conn.fileno()
+        spin.watch(fd, self.device)
         try:
             async with trio.open_nursery() as nursery:
                 self._tasks = nursery
@@ -423,6 +426,7 @@ class Peer:
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
+            spin.unwatch(fd)
             self.conn.close()
             self.lost.set()
             self.node.forget(self)
