@@ -414,8 +414,8 @@ class Peer:
         rt = _current_runtime()
         self.device = rt.cpu if rt is not None else None  # where served calls take their streams
         spin = _spin.spinner()
-        fd = self.conn.fileno()
-        spin.watch(fd, self.device)
+        fd, dev = self.conn.fileno(), self.device
+        spin.watch(fd, dev)
         try:
             async with trio.open_nursery() as nursery:
                 self._tasks = nursery
@@ -426,7 +426,7 @@ class Peer:
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
-            spin.unwatch(fd)
+            spin.unwatch(fd, dev)
             self.conn.close()
             self.lost.set()
             self.node.forget(self)

@@ -13,8 +13,8 @@ It spins only when it can pay off and costs nobody else:
 - never while kernels are queued or running on this process's devices (the lanes need the cores, and
   their completions wake the loop through its wake-up socket, which the spin does not watch);
 - never past the loop's next deadline;
-- after spins that found nothing, it skips the following ones (twice as many after each miss, up to
-  ``MAX_SKIP``): a peer that answers slowly costs at most one spin in ``MAX_SKIP`` sleeps.
+- while fewer than ``MIN_HIT_RATE`` of the recent spins found a frame (a running average), it spins only
+  once in ``PROBE_EVERY`` chances: a peer that answers slowly costs a spin now and then, not every time.
 
 Other file descriptors (a child's exit, a thread's result) wait at most ``SPIN_S`` longer to be seen.
 """
@@ -30,7 +30,9 @@ import trio
 from . import _connection
 
 SPIN_S = 150e-6  # the longest spin
-MAX_SKIP = 64  # sleeps without a spin after repeated misses
+MIN_HIT_RATE = 0.25  # spin every time while at least this share of recent spins found a frame
+PROBE_EVERY = 16  # below it: one spin in this many chances
+_DECAY = 0.9  # weight of the past in the running hit rate
 
 
 class Spinner(trio.abc.Instrument):
@@ -39,22 +41,30 @@ class Spinner(trio.abc.Instrument):
     def __init__(self) -> None:
         self._poll = select.poll()
         self._fds: dict[int, int] = {}  # fd -> connections using it
-        self._devices: list[Any] = []
+        self._devices: dict[Any, int] = {}  # the devices the served calls run on -> connections using them
         self._seen = -1  # `_connection.ACTIVITY` when the loop last slept
-        self._skip = 0  # sleeps left to skip spinning
-        self._misses = 0
+        self._rate = 1.0  # running share of spins that found a frame
+        self._chances = 0  # chances passed up since the rate fell low
         self.spins = 0
         self.hits = 0
 
     def watch(self, fd: int, device: Any) -> None:
+        """Poll ``fd`` from now on; never while ``device`` (None: none) has kernels queued."""
         n = self._fds.get(fd, 0)
         if not n:
             self._poll.register(fd, select.POLLIN | select.POLLPRI)
         self._fds[fd] = n + 1
-        if device is not None and device not in self._devices:
-            self._devices.append(device)
+        if device is not None:
+            self._devices[device] = self._devices.get(device, 0) + 1
 
-    def unwatch(self, fd: int) -> None:
+    def unwatch(self, fd: int, device: Any) -> None:
+        """The connection on ``fd`` (watched with ``device``) is done."""
+        if device is not None:
+            m = self._devices.get(device, 0) - 1
+            if m > 0:
+                self._devices[device] = m
+            else:
+                self._devices.pop(device, None)
         n = self._fds.get(fd, 0) - 1
         if n > 0:
             self._fds[fd] = n
@@ -72,9 +82,11 @@ class Spinner(trio.abc.Instrument):
         if act == self._seen or not self._fds:
             return
         self._seen = act
-        if self._skip:
-            self._skip -= 1
-            return
+        if self._rate < MIN_HIT_RATE:
+            self._chances += 1
+            if self._chances < PROBE_EVERY:
+                return
+            self._chances = 0
         for dev in self._devices:
             for s in dev.pool.all_streams():
                 if not s.query():
@@ -86,12 +98,11 @@ class Spinner(trio.abc.Instrument):
         while True:
             if poll(0):
                 self.hits += 1
-                self._misses = 0
+                self._rate = self._rate * _DECAY + (1.0 - _DECAY)
                 return
             if clock() >= end:
                 break
-        self._misses += 1
-        self._skip = min(MAX_SKIP, 1 << (self._misses - 1)) if self._misses > 1 else 0
+        self._rate *= _DECAY
 
 
 _SPINNER: trio.lowlevel.RunVar[Spinner | None] = trio.lowlevel.RunVar("asyncgrad_rpc_spinner", default=None)
