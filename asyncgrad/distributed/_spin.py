@@ -14,9 +14,10 @@ It spins only when it can pay off and costs nobody else:
   their completions wake the loop through its wake-up socket, which the spin does not watch);
 - never past the loop's next deadline;
 - while fewer than ``MIN_HIT_RATE`` of the recent spins found a frame (a running average), it spins only
-  once in ``PROBE_EVERY`` chances: a peer that answers slowly costs a spin now and then, not every time.
+  once in ``PROBE_EVERY`` chances (for up to ``PROBE_S``, long enough for a round trip to a peer that
+  sleeps too): a peer that answers slowly costs a spin now and then, not every time.
 
-Other file descriptors (a child's exit, a thread's result) wait at most ``SPIN_S`` longer to be seen.
+Other file descriptors (a child's exit, a thread's result) wait at most ``PROBE_S`` longer to be seen.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from . import _connection
 
 SPIN_S = 150e-6  # the longest spin
 MIN_HIT_RATE = 0.25  # spin every time while at least this share of recent spins found a frame
-PROBE_EVERY = 16  # below it: one spin in this many chances
+PROBE_EVERY = 16  # below it: one spin in this many chances,
+PROBE_S = 300e-6  # and that one longer: a round trip to a peer that sleeps too (two wake-ups) fits in it
 _DECAY = 0.9  # weight of the past in the running hit rate
 
 
@@ -82,11 +84,13 @@ class Spinner(trio.abc.Instrument):
         if act == self._seen or not self._fds:
             return
         self._seen = act
+        spin = SPIN_S
         if self._rate < MIN_HIT_RATE:
             self._chances += 1
             if self._chances < PROBE_EVERY:
                 return
             self._chances = 0
+            spin = PROBE_S
         for dev in self._devices:
             for s in dev.pool.all_streams():
                 if not s.query():
@@ -94,7 +98,7 @@ class Spinner(trio.abc.Instrument):
         self.spins += 1
         poll = self._poll.poll
         clock = time.perf_counter
-        end = clock() + min(SPIN_S, timeout)
+        end = clock() + min(spin, timeout)
         while True:
             if poll(0):
                 self.hits += 1
