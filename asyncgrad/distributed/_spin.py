@@ -76,6 +76,13 @@ class Spinner(trio.abc.Instrument):
             self._poll.unregister(fd)
         except (KeyError, ValueError, OSError):
             pass
+        if not self._fds:  # the last connection: out of the loop's way until another one runs
+            try:
+                if _SPINNER.get() is self:
+                    _SPINNER.set(None)
+                trio.lowlevel.remove_instrument(self)
+            except (KeyError, RuntimeError):  # removed already, or the run is over
+                pass
 
     def before_io_wait(self, timeout: float) -> None:
         if timeout <= 0:

@@ -115,5 +115,8 @@ def test_calls_spin() -> None:
                     assert y.numpy().tolist() == [1.0, 2.0]
                     s = _spin._SPINNER.get()
                     assert s is not None and s.spins > 0  # (how many found the reply depends on the load)
+                with trio.fail_after(10):
+                    while _spin._SPINNER.get() is not None:  # the last connection gone: the spinner too
+                        await trio.sleep(0.01)
 
     trio.run(main)
