@@ -22,6 +22,7 @@ Other file descriptors (a child's exit, a thread's result) wait at most ``PROBE_
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from typing import Any
@@ -30,10 +31,20 @@ import trio
 
 from . import _connection
 
-SPIN_S = 150e-6  # the longest spin
+
+def _spin_s() -> float:
+    """``ASYNCGRAD_RPC_SPIN_US`` (microseconds; 0 turns spinning off, e.g. on a machine shared with busy
+    processes, where a spinner may hold the core its peer needs), 150 by default."""
+    try:
+        return max(0.0, float(os.environ.get("ASYNCGRAD_RPC_SPIN_US", "150"))) * 1e-6
+    except ValueError:
+        return 150e-6
+
+
+SPIN_S = _spin_s()  # the longest spin
 MIN_HIT_RATE = 0.25  # spin every time while at least this share of recent spins found a frame
 PROBE_EVERY = 16  # below it: one spin in this many chances,
-PROBE_S = 300e-6  # and that one longer: a round trip to a peer that sleeps too (two wake-ups) fits in it
+PROBE_S = 2 * SPIN_S  # and that one longer: a round trip to a peer that sleeps too (two wake-ups) fits in it
 _DECAY = 0.9  # weight of the past in the running hit rate
 
 
@@ -124,6 +135,7 @@ def spinner() -> Spinner:
     s = _SPINNER.get()
     if s is None:
         s = Spinner()
-        trio.lowlevel.add_instrument(s)
+        if SPIN_S > 0:
+            trio.lowlevel.add_instrument(s)
         _SPINNER.set(s)
     return s

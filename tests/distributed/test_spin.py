@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 
+import pytest
 import trio
 
 import asyncgrad as ag
@@ -118,5 +119,25 @@ def test_calls_spin() -> None:
                 with trio.fail_after(10):
                     while _spin._SPINNER.get() is not None:  # the last connection gone: the spinner too
                         await trio.sleep(0.01)
+
+    trio.run(main)
+
+
+def test_off_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_spin, "SPIN_S", 0.0)  # ASYNCGRAD_RPC_SPIN_US=0 at import
+
+    async def main() -> None:
+        s = _spin.spinner()
+        a, b = socket.socketpair()
+        try:
+            s.watch(b.fileno(), None)
+            a.send(b"x")
+            _traffic()
+            await trio.sleep(0.001)  # the loop sleeps: no instrument, no spin
+            assert s.spins == 0
+            s.unwatch(b.fileno(), None)
+        finally:
+            a.close()
+            b.close()
 
     trio.run(main)
