@@ -44,6 +44,9 @@ _OK = b"OK"
 _NO = b"NO"
 HANDSHAKE_TIMEOUT = 10.0
 
+# frames sent or received by this process's connections so far (`_spin` spins only right after traffic)
+ACTIVITY = [0]
+
 
 class ConnectionClosed(Exception):
     """The connection is closed (by us, by the peer, or because it broke)."""
@@ -80,6 +83,9 @@ class Connection:
         self.bytes_received = 0
         self.waits = 0  # times the reader waited for the socket (a wait is a schedule point)
         self._drained = False  # the last read returned less than asked: the socket is likely empty
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
 
     def __repr__(self) -> str:
         return f"<Connection to {self.peer}{' closed' if self.closed else ''}>"
@@ -124,6 +130,7 @@ class Connection:
                 raise ConnectionClosed(f"the connection to {self.peer} broke: {e}") from e
             self.frames_sent += 1
             self.bytes_sent += n
+            ACTIVITY[0] += 1
             if n == len(data):
                 return
             rest = memoryview(data)[n:]
@@ -136,6 +143,7 @@ class Connection:
         views = [v if v.format == "B" and v.ndim == 1 else v.cast("B") for v in views if v.nbytes]
         entry = [views, segments or None]
         self.frames_sent += 1
+        ACTIVITY[0] += 1
         if not self._queue and not self._writing:
             try:
                 self._send_some(entry)
@@ -361,6 +369,7 @@ class Connection:
                     table = bytes(view[mid:end]) if table_len else b""
                     self._rstart = end
                     self.frames_received += 1
+                    ACTIVITY[0] += 1
                     return meta, table, payload_len
                 if end > len(self._rbuf):
                     break  # larger than the space after it: the general path below
@@ -373,6 +382,7 @@ class Connection:
         meta = await self.recv_exact(meta_len)
         table = await self.recv_exact(table_len) if table_len else b""
         self.frames_received += 1
+        ACTIVITY[0] += 1
         return meta, table, payload_len
 
 

@@ -28,7 +28,7 @@ import trio
 
 from ..devices import DeviceStatistics
 from ..runtime import NoRuntimeError, current_runtime, from_numpy, use_stream
-from . import _streams
+from . import _spin, _streams
 from ._connection import Connection, ConnectionClosed, server_handshake
 from ._errors import AuthenticationError, CallCancelled, ProtocolError, WorkersClosed, error_from_wire, error_to_wire
 from ._future import Future
@@ -414,6 +414,9 @@ class Peer:
         """Read and dispatch frames until the connection ends; then cancel the calls served from it."""
         rt = _current_runtime()
         self.device = rt.cpu if rt is not None else None  # where served calls take their streams
+        spin = _spin.spinner()
+        fd, dev = self.conn.fileno(), self.device
+        spin.watch(fd, dev)
         try:
             async with trio.open_nursery() as nursery:
                 self._tasks = nursery
@@ -424,6 +427,7 @@ class Peer:
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
+            spin.unwatch(fd, dev)
             self.conn.close()
             self.lost.set()
             self.node.forget(self)
