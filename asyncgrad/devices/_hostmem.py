@@ -135,6 +135,8 @@ def private_base(arr: np.ndarray) -> bool:
     base = arr.base
     if base is None:
         return True
+    if not isinstance(base, np.ndarray) and hasattr(base, "__array_interface__"):
+        return False  # `as_strided`'s wrapper (an unfold view): the array it holds may be shared
     # refs: arr.base, `base`, getrefcount's argument, and the cache's record while it is a pooled buffer
     return sys.getrefcount(base) == (4 if id(base) in _LIVE else 3)
 

@@ -571,13 +571,14 @@ def _unfold_meta(a: Tensor, dim: int, size: int, step: int) -> tuple[tuple[int, 
 
 
 def _unfold_kernel(a: np.ndarray, dim: int, size: int, step: int) -> np.ndarray:
+    # a view, as PyTorch's: window i along ``dim`` starts ``step`` elements after window i-1, and the new last
+    # dim walks ``dim``'s stride (windows overlap when step < size; writable as the input is)
     if a.ndim == 0:
-        return a.reshape(1)[:size].copy()
-    v = np.lib.stride_tricks.sliding_window_view(a, size, axis=dim)
-    sl = [slice(None)] * a.ndim
-    sl[dim] = slice(None, None, step)
-    return np.ascontiguousarray(v[tuple(sl)])
-
+        return a.reshape(1)[:size]
+    shape, strides = list(a.shape), list(a.strides)
+    shape[dim] = _windows(shape[dim], size, step)
+    strides[dim] = a.strides[dim] * step
+    return np.lib.stride_tricks.as_strided(a, (*shape, size), (*strides, a.strides[dim]))
 
 
 def _fold_kernel(g: np.ndarray, in_shape: tuple[int, ...], dim: int, size: int, step: int) -> np.ndarray:
@@ -616,7 +617,7 @@ def _fold_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
 
 
 
-OP_UNFOLD = defop("unfold", _unfold_kernel, _unfold_meta, _unfold_rule, saves=())
+OP_UNFOLD = defop("unfold", _unfold_kernel, _unfold_meta, _unfold_rule, saves=(), view=True)
 
 
 
@@ -626,7 +627,9 @@ OP_UNFOLD_BACKWARD = defop("unfold_backward", _fold_kernel, _fold_meta, _fold_ru
 
 def unfold(input: Tensor, dimension: int, size: int, step: int) -> Tensor:
     """All windows of ``size`` elements, every ``step``, along ``dimension``, in a new last dimension
-    (PyTorch's ``Tensor.unfold``; a copy here, not a view). Differentiable (twice).
+    (PyTorch's ``Tensor.unfold``): a view sharing ``input``'s memory and version counter, with
+    ``input``'s stride along ``dimension`` times ``step`` there and that stride in the new dimension
+    (windows overlap when ``step < size``). Differentiable (twice).
 
     Raises:
         OpError: If ``size`` exceeds the dimension, or ``step`` is not positive.

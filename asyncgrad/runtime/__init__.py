@@ -66,6 +66,7 @@ from ._sync_access import BLOCKED_WARN_S as BLOCKED_WARN_S
 from ._sync_access import SyncAccessWarning
 from ._sync_access import user_site as user_site
 from ._tensor import Tensor
+from ._tensor import share_version as share_version  # utils' load rebuilds views of one buffer
 from ._zero_grads import zero_grads as zero_grads
 
 

@@ -1,21 +1,27 @@
 """`save` / `load`: checkpoints as safetensors files, with no pickle anywhere.
 
-Why safetensors: it is the format made for exactly this (a JSON header naming each tensor's dtype,
-shape and byte range, then the raw bytes), it is well kept, and other tools read it
-(``safetensors.torch.load_file`` gives PyTorch a state dict back). A file is written by the
-``safetensors`` library; nesting and plain values (dicts, lists, tuples, None, bool, int, float, str)
-travel as one JSON document in the header's ``__metadata__`` under ``"asyncgrad"``, in a closed
-vocabulary of tags, so loading builds only containers, numbers, strings and arrays: it can never run code.
+Why safetensors: it is the format made for exactly this (a JSON header naming each tensor's dtype, shape and
+byte range, then the raw bytes), it is well kept, and other tools read it (``safetensors.torch.load_file``
+gives PyTorch a state dict back). A file is written by the ``safetensors`` library; nesting and plain values
+(dicts, lists, tuples, None, bool, int, float, str) travel as one JSON document in the header's
+``__metadata__`` under ``"asyncgrad"``, in a closed vocabulary of tags, so loading builds only containers,
+numbers, strings and arrays: it can never run code.
 
-Tensors keep their dtype and their layout: a dense tensor stored in another order (channels-last, a
-transpose) is written in its memory order with the permutation recorded, and comes back with the same
-strides. Tensors are named by their place in the object (``"fc.weight"`` for a state dict key,
-``"state.0.exp_avg"`` deeper), so a saved state dict is a plain safetensors state dict to other tools.
+Tensors keep their dtype and their layout: a dense tensor stored in another order (channels-last, a transpose)
+is written in its memory order with the permutation recorded, and comes back with the same strides. Arrays
+saved together whose memory overlaps (a tensor and its transpose, slices, unfold windows: views of one buffer)
+are written as that buffer once, each recorded as a view of it (element offset, shape, strides), and load as
+views of one buffer again, sharing one version counter, as PyTorch's ``torch.save`` stores one storage for its
+views; the buffer keeps the name of a member that covers it densely (other tools then read that member as it
+is), else it is an entry ``<first member>.storage``. Tensors are named by their place in the object
+(``"fc.weight"`` for a state dict key, ``"state.0.exp_avg"`` deeper), so a saved state dict is a plain
+safetensors state dict to other tools.
 
-Loading validates the whole header itself before touching any data (size limits, JSON shape, dtypes,
-shapes against byte ranges, ranges inside the file and not overlapping) and views the tensors in one
-buffer (no copy per tensor). A pickle, a PyTorch zip checkpoint, a truncated or oversized header, or a
-header that lies about sizes is refused with a ValueError saying what is wrong.
+Loading validates the whole header itself before touching any data (size limits, JSON shape, dtypes, shapes
+against byte ranges, ranges inside the file and not overlapping) and views the tensors in one buffer (no copy
+per tensor); a view is checked to lie inside its entry, with non-negative strides and bounded sizes (at most
+`MAX_VIEW_EXPANSION` times the elements of its entry). A pickle, a PyTorch zip checkpoint, a truncated or
+oversized header, or a header that lies about sizes is refused with a ValueError saying what is wrong.
 """
 
 from __future__ import annotations
@@ -35,12 +41,17 @@ import numpy as np
 from ..devices import Device
 from ..devices import device as device_spec
 from ..nn import Parameter
-from ..runtime import Tensor, current_runtime, from_numpy, no_grad
+from ..runtime import Tensor, current_runtime, from_numpy, no_grad, share_version
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_NESTING", "load", "save"]
 
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 MAX_NESTING = 64  # containers inside containers, in a saved object
+# a tensor stored as a view of a buffer has at most this many times the elements its memory spans (an unfold
+# with overlapping windows has more elements than memory); one with more is stored as a dense copy
+MAX_VIEW_EXPANSION = 64
+_MAX_DIMS = 64  # numpy's limit
+_MAX_INDEX = 1 << 62  # bytes: offsets, strides and sizes of a view stay below numpy's index range
 _META_KEY = "asyncgrad"
 _FORMAT_VERSION = 1
 
@@ -66,7 +77,8 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
     Args:
         obj: A Tensor, a numpy array, or dicts / lists / tuples nesting them and plain values (None,
             bool, int, float, str; dtypes and devices too). Dict keys may be str, int, float, bool or
-            None. The same Tensor object appearing twice is stored once and comes back as one object.
+            None. The same Tensor object appearing twice is stored once and comes back as one object;
+            tensors and arrays viewing one buffer store it once and come back as views of one buffer.
         f: A path (parent directories are not created) or a file object opened for binary writing.
         **kwargs: PyTorch's ``pickle_module`` / ``pickle_protocol`` / ``_use_new_zipfile_serialization``
             are accepted and ignored (nothing is pickled).
@@ -80,6 +92,7 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
         raise TypeError(f"asyncgrad.save() got unexpected keyword argument(s) {sorted(unknown)}")
     enc = _Encoder()
     structure = enc.encode(obj, (), 0)
+    enc.store()
     meta = {_META_KEY: json.dumps({"version": _FORMAT_VERSION, "obj": structure}, allow_nan=True)}
     import safetensors.numpy
 
@@ -96,28 +109,85 @@ class _Encoder:
         self.arrays: dict[str, np.ndarray] = {}
         self._by_id: dict[int, str] = {}
         self._keep: list[Any] = []  # keeps encoded objects alive so their ids stay unique
+        self._found: list[tuple[dict[str, Any], np.ndarray]] = []  # (node, array), in encoding order
+        self._used: set[str] = set()  # every name given: entries, and the views' names in the structure
 
     def _name(self, path: tuple[str, ...]) -> str:
         base = ".".join(path) or "tensor"
         name, i = base, 1
-        while name in self.arrays:
+        while name in self._used:
             name = f"{base}#{i}"
             i += 1
+        self._used.add(name)
         return name
 
-    def _array(self, arr: np.ndarray, path: tuple[str, ...]) -> tuple[str, list[int] | None]:
+    def _array(self, arr: np.ndarray, path: tuple[str, ...], node: dict[str, Any]) -> str:
+        """Name ``arr`` (its node is finished by `store`, once every array of the object is known)."""
         if arr.dtype not in _DTYPE_CODES:
             raise TypeError(
                 f"asyncgrad.save: {_where(path)} has dtype {arr.dtype}, which safetensors cannot store "
                 f"(supported: {', '.join(sorted(str(d) for d in _DTYPE_CODES))})"
             )
+        name = self._name(path)
+        self.arrays[name] = arr  # reserves the name; `store` puts what is written in its place
+        node["k"] = name
+        self._found.append((node, arr))
+        return name
+
+    def store(self) -> None:
+        """Decide what is written: an array sharing no memory with another is stored alone, dense (in its
+        memory order, the permutation noted); arrays viewing one buffer are stored as that buffer once,
+        each of them a view of it (offset, shape, strides), as PyTorch stores one storage for its views."""
+        for group in _sharing_groups(self._found):
+            if len(group) == 1 or not self._store_views(group):
+                for node, arr in group:
+                    self._store_alone(node, arr)
+
+    def _store_alone(self, node: dict[str, Any], arr: np.ndarray) -> None:
         perm = _memory_order(arr)
         stored = arr if perm is None else arr.transpose(perm)
         if not stored.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
             stored = np.array(stored, order="C")
-        name = self._name(path)
-        self.arrays[name] = stored
-        return name, perm
+        self.arrays[node["k"]] = stored
+        if perm is not None:
+            node["perm"] = perm
+
+    def _store_views(self, group: list[tuple[dict[str, Any], np.ndarray]]) -> bool:
+        """Store ``group`` (one dtype, overlapping memory) as one buffer and views of it; False if some
+        member's offset is not a whole number of elements from the buffer's start (then each is stored alone)."""
+        isz = group[0][1].itemsize
+        bounds = [_byte_bounds(a) for _, a in group]
+        lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
+        if any((b[0] - lo) % isz for b in bounds) or (hi - lo) % isz:
+            return False
+        # a member that is the whole buffer, densely, keeps its place and shape (other tools read it as
+        # it is); otherwise the buffer is an entry of its own, next to the first member's name
+        holder = None
+        for (node, arr), b in zip(group, bounds):
+            if b == (lo, hi) and arr.nbytes == hi - lo and (arr.flags.c_contiguous or _memory_order(arr)):
+                holder = node
+                self._store_alone(node, arr)
+                break
+        if holder is None:
+            # the buffer's bytes, read through the member that starts there (strides are non-negative: its
+            # data pointer is its lowest byte), copied once
+            first = next(a for (_, a), b in zip(group, bounds) if b[0] == lo)
+            span = np.lib.stride_tricks.as_strided(first, ((hi - lo) // isz,), (isz,), writeable=False)
+            buf_name = self._name((group[0][0]["k"], "storage"))
+            self.arrays[buf_name] = np.array(span)
+        else:
+            buf_name = holder["k"]
+        for (node, arr), b in zip(group, bounds):
+            if node is holder:
+                continue
+            del self.arrays[node["k"]]  # the name stays the member's identity in the structure
+            node["view"] = {
+                "of": buf_name,
+                "offset": (b[0] - lo) // isz,
+                "shape": list(arr.shape),
+                "stride": [st // isz for st in arr.strides],
+            }
+        return True
 
     def encode(self, x: Any, path: tuple[str, ...], depth: int) -> Any:
         if depth > MAX_NESTING:
@@ -135,12 +205,11 @@ class _Encoder:
             if known is not None:
                 return {"T": "ref", "k": known}
             # a non-leaf's value is saved (it loads as a leaf), as PyTorch does
-            name, perm = self._array(x.detach().cpu().numpy(), path)
+            node: dict[str, Any] = {"T": "tensor"}
+            name = self._array(x.detach().cpu().numpy(), path, node)
             self._by_id[id(x)] = name
             self._keep.append(x)
-            node: dict[str, Any] = {"T": "tensor", "k": name, "device": str(x.device)}
-            if perm is not None:
-                node["perm"] = perm
+            node["device"] = str(x.device)
             if x.requires_grad and x.is_leaf:
                 node["rg"] = True
             if isinstance(x, Parameter):
@@ -150,12 +219,9 @@ class _Encoder:
             known = self._by_id.get(id(x))
             if known is not None:
                 return {"T": "ref", "k": known}
-            name, perm = self._array(x, path)
-            self._by_id[id(x)] = name
+            node = {"T": "ndarray"}
+            self._by_id[id(x)] = self._array(x, path, node)
             self._keep.append(x)
-            node = {"T": "ndarray", "k": name}
-            if perm is not None:
-                node["perm"] = perm
             return node
         if isinstance(x, np.dtype):
             return {"T": "dtype", "v": str(x)}
@@ -187,6 +253,45 @@ def _bad(x: Any, path: tuple[str, ...]) -> Any:
 
 def _where(path: tuple[str, ...]) -> str:
     return "the object" if not path else "obj[" + "][".join(repr(p) for p in path) + "]"
+
+
+def _byte_bounds(arr: np.ndarray) -> tuple[int, int]:
+    lo, hi = np.lib.array_utils.byte_bounds(arr)
+    return int(lo), int(hi)
+
+
+def _groupable(arr: np.ndarray) -> bool:
+    """Whether ``arr`` may be stored as a view of a buffer: not empty, strides non-negative whole elements,
+    and no more elements than `MAX_VIEW_EXPANSION` times the elements its memory spans (what `load` allows)."""
+    if arr.size == 0 or any(st < 0 or st % arr.itemsize for st in arr.strides):
+        return False
+    lo, hi = _byte_bounds(arr)
+    return arr.size <= MAX_VIEW_EXPANSION * ((hi - lo) // arr.itemsize)
+
+
+def _sharing_groups(found: list[tuple[dict[str, Any], np.ndarray]]) -> list[list[tuple[dict[str, Any], np.ndarray]]]:
+    """``found`` split into groups of one dtype whose memory ranges overlap (arrays of one buffer: a tensor
+    and its views), each in encoding order; an array that cannot be a view (`_groupable`) is a group alone."""
+    groups: list[list[int]] = []
+    spans: list[tuple[int, int, int]] = []  # (lo, hi, index in found)
+    for i, (_, arr) in enumerate(found):
+        if _groupable(arr):
+            lo, hi = _byte_bounds(arr)
+            spans.append((lo, hi, i))
+        else:
+            groups.append([i])
+    spans.sort()
+    open_: dict[np.dtype[Any], tuple[int, list[int]]] = {}  # dtype -> (end of its open group, the group)
+    for lo, hi, i in spans:
+        dt = found[i][1].dtype
+        cur = open_.get(dt)
+        if cur is not None and lo < cur[0]:
+            cur[1].append(i)
+            open_[dt] = (max(cur[0], hi), cur[1])
+        else:
+            open_[dt] = (hi, [i])
+            groups.append(open_[dt][1])
+    return [[found[i] for i in sorted(g)] for g in sorted(groups, key=min)]
 
 
 def _memory_order(arr: np.ndarray) -> list[int] | None:
@@ -365,6 +470,7 @@ class _Decoder:
         self._map = map_location
         self._where = where
         self._made: dict[str, Any] = {}
+        self._family: dict[str, Tensor] = {}  # entry -> the first CPU tensor made on its memory
 
     def _bad(self, what: str) -> ValueError:
         return _refuse(self._where, f"its asyncgrad structure {what}")
@@ -396,27 +502,36 @@ class _Decoder:
             return out
         if tag in ("tensor", "ndarray", "ref"):
             k = x.get("k")
-            if not isinstance(k, str) or k not in self._views:
-                raise self._bad(f"names a tensor {k!r} that the file does not hold")
             if tag == "ref":
-                if k not in self._made:
+                if not isinstance(k, str) or k not in self._made:
                     raise self._bad(f"refers to {k!r} before it is defined")
                 return self._made[k]
+            view = x.get("view")
+            if view is not None:
+                if not isinstance(k, str) or k in self._views:
+                    raise self._bad(f"names a view {k!r} that is not a fresh name (it must not be a stored entry)")
+            elif not isinstance(k, str) or k not in self._views:
+                raise self._bad(f"names a tensor {k!r} that the file does not hold")
             if k in self._made:
                 raise self._bad(f"defines tensor {k!r} twice")
-            perm = x.get("perm")
-            arr = self._views[k]
-            if perm is not None:
-                if not (isinstance(perm, list) and sorted(perm) == list(range(arr.ndim))
-                        and all(type(p) is int for p in perm)):
-                    raise self._bad(f"has a bad permutation {perm!r} for {k!r}")
+            if view is not None:
+                entry, arr = self._view(k, view)
+                perm = None
+            else:
+                entry, arr = k, self._views[k]
+                perm = x.get("perm")
+                if perm is not None:
+                    if not (isinstance(perm, list) and sorted(perm) == list(range(arr.ndim))
+                            and all(type(p) is int for p in perm)):
+                        raise self._bad(f"has a bad permutation {perm!r} for {k!r}")
             if tag == "ndarray":
                 res: Any = arr if perm is None else arr.transpose(np.argsort(perm))
             else:
                 dev = x.get("device", "cpu")
                 if not isinstance(dev, str):
                     raise self._bad(f"has a bad device for {k!r}")
-                res = self.tensor(k, perm, dev, bool(x.get("rg")), bool(x.get("param")))
+                res = self.tensor(k, perm, dev, bool(x.get("rg")), bool(x.get("param")), arr)
+                self._same_memory(entry, res)
             self._made[k] = res
             return res
         if tag == "dtype":
@@ -437,8 +552,60 @@ class _Decoder:
             return np.array(complex(*v) if isinstance(v, list) else v, dtype=dt)[()]
         raise self._bad(f"has an unknown tag {tag!r}")
 
-    def tensor(self, k: str, perm: list[int] | None, saved_dev: str, rg: bool, param: bool) -> Tensor:
-        arr = self._views[k]
+    def _view(self, k: str, view: Any) -> tuple[str, np.ndarray]:
+        """The array of view node ``k``: its entry's elements at ``offset`` with ``shape`` and ``stride``
+        (in elements), checked to lie inside the entry, with non-negative strides and a bounded size."""
+        if not (isinstance(view, dict) and set(view) == {"of", "offset", "shape", "stride"}):
+            raise self._bad(f"has a view {k!r} without exactly of, offset, shape and stride")
+        of, off, shape, stride = view["of"], view["offset"], view["shape"], view["stride"]
+        if not isinstance(of, str) or of not in self._views:
+            raise self._bad(f"has a view {k!r} of {of!r}, which the file does not hold")
+        flat = self._views[of].reshape(-1)  # the entries are C-contiguous: a view of the buffer
+        isz = flat.itemsize
+
+        def ok(v: Any) -> bool:  # non-negative ints whose byte sizes fit numpy's index type
+            return isinstance(v, list) and all(type(i) is int and 0 <= i <= _MAX_INDEX // isz for i in v)
+
+        if not (ok([off]) and ok(shape) and ok(stride) and len(shape) == len(stride) <= _MAX_DIMS
+                and math.prod(max(d, 1) for d in shape) <= _MAX_INDEX // isz):
+            raise self._bad(
+                f"has a view {k!r} with a bad offset {off!r}, shape {shape!r} or strides {stride!r} (non-negative "
+                f"ints of bounded size, as many strides as dims, at most {_MAX_DIMS} dims)"
+            )
+        n, numel = flat.size, math.prod(shape)
+        last = off + sum((d - 1) * st for d, st in zip(shape, stride)) if numel else off - 1
+        if last >= n or off > n:
+            raise self._bad(
+                f"has a view {k!r} (offset {off}, shape {shape}, strides {stride}) reaching element {max(last, off)} "
+                f"of {of!r}, which has {n}"
+            )
+        if numel > MAX_VIEW_EXPANSION * n:
+            raise self._bad(
+                f"has a view {k!r} of {numel} elements over {n} stored ones (more than {MAX_VIEW_EXPANSION} times)"
+            )
+        # a zero stride on a dim of more than one element makes elements share memory: read-only, as an
+        # expanded tensor is (PyTorch refuses in-place writes to it); other views write through
+        repeats = any(st == 0 and d > 1 for d, st in zip(shape, stride))
+        arr = np.lib.stride_tricks.as_strided(
+            flat[off:], tuple(shape), tuple(st * isz for st in stride), writeable=not repeats
+        )
+        return of, arr
+
+    def _same_memory(self, entry: str, t: Tensor) -> None:
+        """Tensors loaded from one entry share its memory: give them one version counter (as views do)."""
+        if t.device.type != "cpu" or not np.may_share_memory(t.numpy(), self._views[entry]):
+            return  # moved elsewhere by map_location: a copy of its own
+        first = self._family.get(entry)
+        if first is None:
+            self._family[entry] = t
+        else:
+            share_version(first, t)
+
+    def tensor(
+        self, k: str, perm: list[int] | None, saved_dev: str, rg: bool, param: bool, arr: np.ndarray | None = None
+    ) -> Tensor:
+        if arr is None:
+            arr = self._views[k]
         if perm is not None:
             arr = arr.reshape(arr.shape).transpose(np.argsort(perm))
         m = self._map

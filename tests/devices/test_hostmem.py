@@ -88,6 +88,9 @@ def test_private_base_sees_other_views() -> None:
     plain = np.zeros(5)
     assert private_base(plain)
     assert not private_base(plain[1:])  # `plain` itself still holds the memory
+    # a strided view (`as_strided`, as unfold makes) sits on a wrapper held by it alone; the memory under
+    # the wrapper is `plain`'s, still held
+    assert not private_base(np.lib.stride_tricks.as_strided(plain, (4, 2), (8, 8)))
 
 
 async def test_values_held_by_the_user_survive_buffer_reuse() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from tests._util import arr, t, torch_pair
+from tests._util import arr, set_inline_limit, t, torch_pair
 
 # ---- shape ops ------------------------------------------------------------------------------------------
 
@@ -130,3 +130,116 @@ async def test_unfold_errors(rt: ag.Runtime) -> None:
         x.unfold(1, 2, 0)
     with pytest.raises(ag.OpError, match="dim 2 is out of range"):
         x.unfold(2, 2, 1)
+
+
+# ---- unfold is a view (PyTorch's) ----------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["inline", "lanes"])
+def mode(request: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "lanes":
+        set_inline_limit(monkeypatch, -1)
+    return str(request.param)
+
+
+def _input(a: np.ndarray, layout: str) -> tuple[ag.Tensor, Any]:
+    # the same (possibly strided) layout on both sides: a transpose, or every other column
+    x, tx = torch_pair(np.ascontiguousarray(a))
+    if layout == "transposed":
+        return x.t(), tx.t()
+    if layout == "sliced":
+        return x[:, ::2], tx[:, ::2]
+    return x, tx
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+@pytest.mark.parametrize(("dim", "size", "step"), [(0, 2, 1), (1, 3, 2), (-1, 1, 1), (1, 2, 5), (0, 0, 1), (1, 4, 1)])
+async def test_unfold_is_a_view_with_torchs_strides(
+    rt: ag.Runtime, mode: str, layout: str, dim: int, size: int, step: int
+) -> None:
+    a = np.random.default_rng(3).standard_normal((8, 8))
+    x, tx = _input(a, layout)
+    u, tu = x.unfold(dim, size, step), tx.unfold(dim, size, step)
+    assert u.shape == tuple(tu.shape)
+    assert u.stride() == tu.stride()
+    assert u.is_contiguous() == tu.is_contiguous()
+    np.testing.assert_array_equal(u.numpy(), tu.numpy())
+    # the same memory: the window view's first element sits where torch's storage offset puts it
+    assert u.numel() == 0 or np.shares_memory(u.numpy(), x.numpy())
+    assert u._vc is x._vc  # one version counter
+
+
+async def test_unfold_of_a_0d_tensor_is_a_view(rt: ag.Runtime) -> None:
+    x, tx = torch_pair(np.array(5.0))
+    u, tu = x.unfold(0, 1, 1), tx.unfold(0, 1, 1)
+    assert u.shape == tuple(tu.shape) == (1,) and u.stride() == tu.stride()
+    x.add_(1)
+    tx.add_(1)
+    np.testing.assert_array_equal(u.numpy(), tu.numpy())
+    assert u._version == tu._version == 1
+
+
+async def test_writes_through_unfold_and_its_base_are_seen_by_each_other(rt: ag.Runtime, mode: str) -> None:
+    a = np.arange(20.0).reshape(2, 10)
+    x, tx = torch_pair(a)
+    u, tu = x.unfold(1, 3, 1), tx.unfold(1, 3, 1)  # overlapping windows
+    x.mul_(2)
+    tx.mul_(2)
+    np.testing.assert_array_equal(u.numpy(), tu.numpy())
+    x[0, 4] = -1.0  # one element seen in the three windows holding it
+    tx[0, 4] = -1.0
+    np.testing.assert_array_equal(u.numpy(), tu.numpy())
+    assert (u.numpy() == -1.0).sum() == 3
+    # non-overlapping windows (step >= size): a write through the view lands in the base, as in torch
+    v, tv = x.unfold(1, 2, 3), tx.unfold(1, 2, 3)
+    v.add_(10)
+    tv.add_(10)
+    v[1, 0, 1] = 7.0
+    tv[1, 0, 1] = 7.0
+    np.testing.assert_array_equal(x.numpy(), tx.numpy())
+    np.testing.assert_array_equal(u.numpy(), tu.numpy())
+    assert x._version == u._version == v._version == tx._version == 4
+    # an unfold of an unfold is a view of the first base too
+    w, tw = u.unfold(0, 1, 1), tu.unfold(0, 1, 1)
+    assert w.stride() == tw.stride()
+    x.zero_()
+    assert not w.numpy().any() and w._vc is x._vc
+
+
+async def test_a_write_to_the_base_of_a_saved_unfold_raises(rt: ag.Runtime, mode: str) -> None:
+    x = ag.tensor(np.ones((2, 3)), dtype="float64", requires_grad=True)
+    w = ag.tensor(np.arange(8.0).reshape(2, 4), dtype="float64")
+    y = (x * w.unfold(1, 3, 1)[:, 0]).sum()  # mul saves the window view
+    w.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        await y.backward()
+    assert x.grad is None
+    # and a write through the view to a saved base
+    z = (x[:, :2].unfold(1, 1, 1) ** 2).sum()  # pow saves the view, not the base
+    with ag.no_grad():
+        w2 = x.detach()
+        w2.unfold(1, 2, 1).mul_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        await z.backward()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+async def test_unfold_view_gradients(rt: ag.Runtime, mode: str, layout: str) -> None:
+    a = np.random.default_rng(4).standard_normal((6, 10))
+
+    def f(x: ag.Tensor) -> ag.Tensor:
+        v = x.t() if layout == "transposed" else x[:, ::2] if layout == "sliced" else x
+        return v.unfold(1, 3, 2).unfold(0, 2, 1) ** 2
+
+    assert await ag.autograd.gradcheck(f, [a], rtol=1e-6)
+    assert await ag.autograd.gradgradcheck(f, [a], rtol=1e-5)
+    # against torch, through a view of a view and back into the base's shape
+    x, tx = _input(a, layout)
+    x.requires_grad_(True)
+    tx.requires_grad_(True)
+    src = x.unfold(0, 2, 2).unfold(1, 4, 1)
+    tsrc = tx.unfold(0, 2, 2).unfold(1, 4, 1)
+    wts = np.random.default_rng(5).standard_normal(src.shape)
+    (g,) = await ag.grad((src * ag.tensor(wts)).sum(), [x])
+    (tg,) = torch.autograd.grad((tsrc * torch.tensor(wts)).sum(), [tx])
+    np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1e-14, atol=1e-14)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import pickle
 import struct
@@ -298,3 +299,170 @@ def test_save_in_one_process_load_in_another(tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stderr
     assert "identical 0.0" in r.stdout
+
+
+# ---- views of one buffer keep aliasing (PyTorch stores one storage for them) ------------------------------
+
+
+def _header(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return dict(json.loads(raw[8 : 8 + n]))
+
+
+def _views_of(base: ag.Tensor, kind: str) -> dict[str, ag.Tensor]:
+    return {
+        "transpose": {"x": base, "t": base.t()},
+        "slices": {"a": base[1:, ::2], "b": base[:, 1:3]},  # two overlapping slices, the base not saved
+        "unfold": {"x": base, "u": base.reshape(-1).unfold(0, 4, 2)},  # overlapping windows
+        "mixed": {"row": base[1], "x": base, "col": base[:, 2], "u": base.unfold(1, 2, 1), "n": base.numpy()[::2]},
+        "expand": {"v": base[0], "e": base[0].expand(3, 4)},
+        "detached": {"x": base, "d": base.detach(), "c": ag.from_numpy(base.numpy())},
+    }[kind]
+
+
+def _np(v: Any) -> np.ndarray:
+    return v if isinstance(v, np.ndarray) else v.numpy()
+
+
+@pytest.mark.parametrize("kind", ["transpose", "slices", "unfold", "mixed", "expand", "detached"])
+async def test_views_come_back_as_views_of_one_buffer(rt: ag.Runtime, tmp_path: Path, kind: str) -> None:
+    base = ag.tensor(np.arange(12.0).reshape(3, 4), dtype=ag.float64)
+    obj = _views_of(base, kind)
+    path = tmp_path / "views.safetensors"
+    ag.save(obj, path)
+    back = ag.load(path)
+    assert list(back) == list(obj)
+    for k, v in obj.items():
+        got, want = _np(back[k]), _np(v)
+        assert got.shape == want.shape and got.strides == want.strides, (k, got.strides, want.strides)
+        np.testing.assert_array_equal(got, want)
+    # the loaded tensors are views of one buffer: memory shared, writes seen, one version counter
+    tensors = [v for v in back.values() if isinstance(v, ag.Tensor)]
+    arrays = [_np(v) for v in back.values()]
+    ref = _np(back["x"]) if "x" in back else arrays[0]
+    for a in arrays:
+        assert np.shares_memory(a, ref) or kind == "slices"
+    if kind == "slices":  # base[1:, ::2] and base[:, 1:3] share the element at [1, 2]
+        back["a"][0, 1] = -5.0
+        assert back["b"][1, 1].item() == -5.0
+    else:
+        back["x" if "x" in back else "v"].mul_(2)  # the tensor holding every element of the buffer
+        want = {k: _np(v) * 2 for k, v in obj.items()}
+        for k, v in back.items():
+            np.testing.assert_array_equal(_np(v), want[k])
+    assert len({id(t._vc) for t in tensors}) == 1 and tensors[0]._version == 1
+    # the buffer is stored once: the file is not bigger than one copy of it and the structure
+    entries = {k: v for k, v in _header(path).items() if k != "__metadata__"}
+    assert sum(math.prod(e["shape"]) for e in entries.values()) <= 12
+    # the original objects were not touched
+    np.testing.assert_array_equal(base.numpy(), np.arange(12.0).reshape(3, 4))
+
+
+async def test_a_saved_view_check_sees_writes_through_loaded_aliases(rt: ag.Runtime, tmp_path: Path) -> None:
+    w = nn.Parameter(ag.tensor(np.arange(6.0).reshape(2, 3), dtype=ag.float64))
+    ag.save({"w": w, "wt": w.detach().t(), "rows": w.detach().unfold(0, 1, 1)}, tmp_path / "p.st")
+    back = ag.load(tmp_path / "p.st")
+    assert isinstance(back["w"], nn.Parameter) and back["w"].requires_grad
+    assert back["wt"].stride() == (1, 3) and back["rows"].stride() == (3, 1, 3)
+    x = ag.tensor(np.ones((3, 2)), dtype=ag.float64, requires_grad=True)
+    y = (x * back["wt"]).sum()  # mul saves the loaded transpose
+    with ag.no_grad():
+        back["w"].add_(1.0)  # a write to the loaded parameter: the transpose sees it
+    np.testing.assert_array_equal(back["wt"].numpy(), np.arange(6.0).reshape(2, 3).T + 1)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        await y.backward()
+
+
+async def test_files_without_views_are_written_as_before(rt: ag.Runtime, tmp_path: Path) -> None:
+    a = ag.tensor(np.arange(6.0).reshape(2, 3), dtype=ag.float64)
+    obj = {"a": a, "at": a.t().contiguous(), "f": ag.tensor(np.asfortranarray(np.ones((3, 2)))), "same": [a, a]}
+    ag.save(obj, tmp_path / "plain.st")
+    h = _header(tmp_path / "plain.st")
+    assert "view" not in h["__metadata__"]["asyncgrad"]
+    assert {k: v["shape"] for k, v in h.items() if k != "__metadata__"} == {"a": [2, 3], "at": [3, 2], "f": [2, 3]}
+    back = ag.load(tmp_path / "plain.st")
+    assert back["same"][0] is back["same"][1] is back["a"]
+    assert back["f"].stride() == (1, 3)  # the permutation still carries the layout
+    assert not np.shares_memory(back["a"].numpy(), back["at"].numpy())
+    assert back["a"]._vc is None or back["a"]._vc is not back["at"]._vc
+    # an array that cannot be a view of what it spans (negative strides, a huge expansion) is stored dense
+    base = np.arange(5.0)
+    ag.save({"b": ag.from_numpy(base), "r": ag.from_numpy(base[::-1]), "e": ag.from_numpy(base[:1]).expand(500)},
+            tmp_path / "dense.st")
+    back = ag.load(tmp_path / "dense.st")
+    np.testing.assert_array_equal(back["r"].numpy(), base[::-1])
+    np.testing.assert_array_equal(back["e"].numpy(), np.zeros(500))
+    assert back["r"].stride() == (1,) and not np.shares_memory(back["r"].numpy(), back["b"].numpy())
+
+
+async def test_file_size_does_not_double_with_views(rt: ag.Runtime, tmp_path: Path) -> None:
+    x = ag.randn(100, 100, dtype=ag.float64)
+    ag.save({"x": x}, tmp_path / "one.st")
+    ag.save({"x": x, "t": x.t(), "u": x.unfold(1, 10, 5), "s": x[::2, 3:]}, tmp_path / "views.st")
+    one, views = (tmp_path / "one.st").stat().st_size, (tmp_path / "views.st").stat().st_size
+    assert one > 80_000 and views - one < 1024, (one, views)
+
+
+def _view_file(structure: Any, entries: dict[str, tuple[str, list[int]]] | None = None) -> bytes:
+    """A file holding a 12-element F64 entry "x" (or ``entries``: name -> (dtype, shape), packed in order)
+    and the asyncgrad ``structure``."""
+    header: dict[str, Any] = {"__metadata__": {"asyncgrad": json.dumps({"version": 1, "obj": structure})}}
+    at = 0
+    for name, (dt, shape) in (entries or {"x": ("F64", [12])}).items():
+        n = math.prod(shape) * {"F64": 8, "F32": 4}[dt]
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [at, at + n]}
+        at += n
+    return _header_file(header, b"\0" * at)
+
+
+def _v(of: str = "x", offset: Any = 0, shape: Any = (3,), stride: Any = (1,), **extra: Any) -> dict[str, Any]:
+    view = {"of": of, "offset": offset, "shape": list(shape), "stride": list(stride), **extra}
+    return {"T": "tensor", "k": "v", "device": "cpu", "view": view}
+
+
+async def test_crafted_view_metadata_is_refused(rt: ag.Runtime, tmp_path: Path) -> None:
+    def two(a: Any, b: Any) -> Any:
+        return {"T": "list", "items": [a, b]}
+
+    cases: dict[str, tuple[bytes, str]] = {
+        "offset past the end": (_view_file(_v(offset=12, shape=[1])), "reaching element 12 of 'x', which has 12"),
+        "end past the end": (_view_file(_v(offset=10, shape=[3])), "reaching element 12"),
+        "stride past the end": (_view_file(_v(shape=[4, 3], stride=[3, 2])), "reaching element 13"),
+        "empty view past the end": (_view_file(_v(offset=13, shape=[0])), "reaching element 13"),
+        "negative stride": (_view_file(_v(offset=11, shape=[3], stride=[-1])), "bad offset"),
+        "negative offset": (_view_file(_v(offset=-1)), "bad offset"),
+        "float offset": (_view_file(_v(offset=1.0)), "bad offset"),
+        "bool shape": (_view_file(_v(shape=[True])), "bad offset"),
+        "strides and dims differ": (_view_file(_v(shape=[2, 2], stride=[1])), "as many strides as dims"),
+        "huge shape": (_view_file(_v(shape=[1 << 40, 1 << 40], stride=[0, 0])), "bad offset"),
+        "huge dim of an empty view": (_view_file(_v(shape=[1 << 70, 0], stride=[1, 1])), "bad offset"),
+        "huge stride of a size-1 dim": (_view_file(_v(shape=[1, 2], stride=[1 << 70, 1])), "bad offset"),
+        "too many dims": (_view_file(_v(shape=[1] * 65, stride=[0] * 65)), "at most 64 dims"),
+        "expansion": (_view_file(_v(shape=[1000, 12], stride=[0, 1])), "more than 64 times"),
+        "view of a missing entry": (_view_file(_v(of="nope")), "which the file does not hold"),
+        "view named as an entry": (_view_file({**_v(), "k": "x"}), "not a fresh name"),
+        "view defined twice": (_view_file(two(_v(), _v(offset=1))), "defines tensor 'v' twice"),
+        "extra view field": (_view_file(_v(code="x")), "exactly of, offset, shape and stride"),
+        "view not a dict": (_view_file({**_v(), "view": [0, 1]}), "exactly of, offset, shape and stride"),
+        "overlapping storages": (
+            _header_file({
+                "x": {"dtype": "F64", "shape": [4], "data_offsets": [0, 32]},
+                "y": {"dtype": "F64", "shape": [4], "data_offsets": [16, 48]},
+                "__metadata__": {"asyncgrad": json.dumps({"version": 1, "obj": two(_v(), {**_v(of="y"), "k": "w"})})},
+            }, b"\0" * 48),
+            "overlap",
+        ),
+    }
+    for data, msg in cases.values():
+        with pytest.raises(ValueError, match=msg):
+            ag.load(io.BytesIO(data))
+        (tmp_path / "c.st").write_bytes(data)
+        with pytest.raises(ValueError, match=msg):
+            ag.load(tmp_path / "c.st")
+    # the honest neighbours load: the last element, an empty view at the end, a stride-0 view (read-only)
+    ok = two(_v(offset=11, shape=[1]), {**_v(offset=12, shape=[0]), "k": "w"})
+    back = ag.load(io.BytesIO(_view_file(ok)))
+    assert back[0].shape == (1,) and back[1].shape == (0,)
+    rep = ag.load(io.BytesIO(_view_file(_v(shape=[64, 12], stride=[0, 1]))))
+    assert rep.shape == (64, 12) and not rep.numpy().flags.writeable
