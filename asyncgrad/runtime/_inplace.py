@@ -18,7 +18,7 @@ from . import _capture, _grad_mode
 from ._dispatch import wait_for
 from ._meta import check_int_div
 from ._runtime import current_stream
-from ._tensor import Tensor, is_ready
+from ._tensor import Tensor, is_ready, views_pending
 
 
 def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True) -> Tensor:
@@ -56,6 +56,8 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
 
     t._seq = stream.submit(job)
     t._stream = stream
+    if write and len(t._vc) > 1:  # type: ignore[arg-type]  # (views share the memory: see `share_version`)
+        views_pending(t, stream, t._seq)
     return t
 
 

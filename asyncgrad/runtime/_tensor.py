@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import copy
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +55,7 @@ class Tensor:
     # backward of nodes that saved this tensor. Views share their base's cell (`share_version`),
     # so a write through any of them is seen. Made on first write or view (in __dict__), so new tensors cost
     # nothing; `_version` reads it
-    _vc: list[int] | None = None
+    _vc: list[Any] | None = None  # [version, weakrefs of the tensors sharing the memory...]
     # set on the pending result of ``tensor * number`` (no graph) whose kernel an in-place ``p -= ...`` took
     # over (`_inplace.scaled_update`): the kernel then skips, and the in-place kernel computes what is needed
     _defer = False
@@ -542,5 +543,25 @@ def share_version(base: Any, view: Any) -> None:
     write through either one is seen by a backward that saved the other."""
     vc = base._vc
     if vc is None:
-        vc = base._vc = [0]
+        vc = base._vc = [0, weakref.ref(base)]
+    elif len(vc) == 1:
+        vc.append(weakref.ref(base))
+    elif len(vc) > 64:  # (the views that died)
+        vc[1:] = [r for r in vc[1:] if r() is not None]
+    # the cell also lists who shares the memory: a queued in-place write marks them all pending
+    vc.append(weakref.ref(view))
     view._vc = vc
+
+
+def views_pending(t: Tensor, stream: Any, seq: int) -> None:
+    """A write to ``t``'s memory is queued as ``seq`` on ``stream``: the tensors sharing that memory (views,
+    their base) are pending until it ran, so reading them waits for it and an op on them queues behind it."""
+    for r in t._vc[1:]:  # type: ignore[index]
+        o = r()
+        if o is None or o is t:
+            continue
+        s = o._stream
+        # (on another stream, a view still being made keeps waiting for its own kernel only)
+        if s is stream or (o._data is not None and (s is None or s.completed >= o._seq)):
+            o._stream = stream
+            o._seq = seq

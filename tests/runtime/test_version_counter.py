@@ -254,3 +254,31 @@ async def test_an_int_index_is_a_view(rt: Any, mode: str) -> None:
     e.add_(1)
     np.testing.assert_array_equal(w.numpy(), [[3.0, 5.0]])
     assert w._version == e._version == 1
+
+
+# ---- a queued write to memory that views share: every view waits for it ----------------------------------
+
+
+async def test_a_queued_write_to_a_base_is_seen_through_its_views_and_back() -> None:
+    import threading
+
+    import trio
+
+    async with ag.open_runtime(lanes=1):
+        with trio.fail_after(20):
+            a = ag.zeros(8, dtype="float64")
+            v, w = a[:3], a.reshape(2, 4)
+            await v.ready()
+            gate = threading.Event()
+            ag.current_stream("cpu").submit(lambda: gate.wait(20))  # hold the lane: the write queues
+            a.add_(1.0)
+            assert not v.is_ready() and not w.is_ready()  # pending on the write, not "ready" on stale memory
+            doubled = v * 2  # three elements: would run inline on ready inputs, queues behind the write instead
+            v.add_(10.0)  # a write through a view makes its base pending too
+            assert not a.is_ready()
+            gate.set()
+            assert (await v.ready()).tolist() == [11.0, 11.0, 11.0]
+            assert (await doubled.ready()).tolist() == [2.0, 2.0, 2.0]
+            assert (await a.ready()).tolist() == [11.0, 11.0, 11.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+            assert (await w.ready()).numpy()[1].tolist() == [1.0] * 4
+            assert a._version == v._version == w._version == 2
