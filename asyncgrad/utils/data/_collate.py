@@ -15,7 +15,7 @@ import numpy as np
 
 from ...runtime import Tensor, from_numpy
 
-__all__ = ["collate_arrays", "default_collate", "default_convert", "to_arrays", "to_tensors"]
+__all__ = ["collate_arrays", "convert_arrays", "default_collate", "default_convert", "to_arrays", "to_tensors"]
 
 _ERR = "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
 
@@ -111,13 +111,21 @@ def default_collate(batch: Sequence[Any]) -> Any:
 def default_convert(data: Any) -> Any:
     """PyTorch's ``default_convert`` (the loader's ``collate_fn`` when ``batch_size=None``): numpy arrays
     become tensors, anything else is kept."""
+    return convert_arrays(data, from_numpy)
+
+
+def convert_arrays(data: Any, fn: Callable[[np.ndarray], Any] = lambda a: a) -> Any:
+    """`default_convert`'s structure (tuples become lists, as in PyTorch) with ``fn`` applied to the numpy
+    arrays (Tensors inside are taken as their arrays); the identity keeps them numpy (for a worker)."""
+    if isinstance(data, Tensor):
+        data = np.asarray(data)
     if isinstance(data, np.ndarray) and data.dtype.kind not in "USOV":
-        return from_numpy(data)
+        return fn(data)
     if isinstance(data, Mapping):
-        out = {k: default_convert(v) for k, v in data.items()}
+        out = {k: convert_arrays(v, fn) for k, v in data.items()}
         return out if type(data) is dict else _remake(data, out)
     if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(default_convert(v) for v in data))
+        return type(data)(*(convert_arrays(v, fn) for v in data))
     if isinstance(data, (list, tuple)):  # a tuple becomes a list, as in PyTorch
-        return [default_convert(v) for v in data]
+        return [convert_arrays(v, fn) for v in data]
     return data
