@@ -346,3 +346,36 @@ def test_codec_round_trip_and_malformed_frames() -> None:
         _codec.encode(["b", 0], [np.array([object()])])
     with pytest.raises(TypeError, match="does not fit 64 bits"):
         _codec.encode(["b", 0], {"k": [2**70]})
+
+
+class _Premade(data.Dataset):
+    """Samples that are tensors made in the parent (a ready value is read as its array in the worker)."""
+
+    def __init__(self) -> None:
+        self.items = [ag.full((3,), float(i)) for i in range(5)]
+        self.big = ag.ones(400_000)
+
+    def __len__(self) -> int:
+        return 5
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 4:
+            return (self.big * 2.0).sum()  # an op in a worker: no runtime there, a clear error (no hang)
+        return self.items[i]
+
+
+async def test_tensors_in_a_worker(rt: ag.Runtime) -> None:
+    ds = _Premade()
+    lo = data.DataLoader(ds, batch_size=2, num_workers=1, sampler=[0, 1, 2, 3])
+    assert [b.numpy()[:, 0].tolist() for b in lo] == [[0, 1], [2, 3]]
+    lo = data.DataLoader(ds, batch_size=2, num_workers=1, sampler=[0, 4])
+    with trio.fail_after(60), pytest.raises(RuntimeError, match="has no asyncgrad runtime"):
+        list(lo)
+    # a custom collate_fn runs in the worker: its numpy arrays stay numpy arrays, tensors become tensors
+    def collate(samples: list[Any]) -> dict[str, Any]:
+        return {"np": np.stack([np.asarray(s) for s in samples]), "t": samples[0]}
+
+    lo = data.DataLoader(ds, batch_size=2, num_workers=1, sampler=[1, 2], collate_fn=collate)
+    (b,) = list(lo)
+    assert isinstance(b["np"], np.ndarray) and b["np"][:, 0].tolist() == [1, 2]
+    assert isinstance(b["t"], ag.Tensor) and b["t"].numpy().tolist() == [1, 1, 1]

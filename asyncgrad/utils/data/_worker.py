@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextvars
 import os
 import random
 import select
@@ -141,62 +142,68 @@ class _Fetcher:
 
 def _child(loader: Any, wid: int, seed: int, rfd: int, wfd: int, ppid: int) -> None:
     """A worker's whole life; never returns (``os._exit``)."""
-    global _worker_info
     code = 0
     try:
-        for fd in list(_PARENT_FDS):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        _PARENT_FDS.clear()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and then closes the pipes
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = "1"
-        try:
-            from threadpoolctl import threadpool_limits
-
-            threadpool_limits(1)  # numpy's BLAS, one thread per worker
-        except Exception:
-            pass
-        _worker_info = WorkerInfo(id=wid, num_workers=loader.num_workers, seed=seed, dataset=loader.dataset)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        fetch = _Fetcher(loader)
-        if loader.worker_init_fn is not None:
-            try:
-                loader.worker_init_fn(wid)
-            except BaseException as e:
-                _send_error(wfd, -1, wid, e)
-                return
-        while True:
-            while not select.select([rfd], [], [], 1.0)[0]:
-                if os.getppid() != ppid:
-                    return
-            try:
-                msg, _ = read_frame(rfd)
-            except WorkerEOF:
-                return
-            if msg[0] == "r":
-                fetch.reset()
-                write_frame(wfd, *encode(["r", msg[1]]))
-                continue
-            idx = msg[1]
-            try:
-                batch, as_tensors = fetch(msg[2])
-                frame = encode(["b", idx], batch, tensor_arrays=as_tensors, tensor_type=Tensor)
-            except _Exhausted:
-                frame = encode(["x", idx])
-            except BaseException as e:
-                _send_error(wfd, idx, wid, e)
-                continue
-            write_frame(wfd, *frame)
+        # an empty context: no asyncgrad runtime is current here (its threads do not exist in the child),
+        # so an op that needs one fails at once instead of waiting on a lane that is not there
+        contextvars.Context().run(_child_main, loader, wid, seed, rfd, wfd, ppid)
     except BrokenPipeError:
         pass
     except BaseException:
         code = 1
     finally:
         os._exit(code)
+
+
+def _child_main(loader: Any, wid: int, seed: int, rfd: int, wfd: int, ppid: int) -> None:
+    global _worker_info
+    for fd in list(_PARENT_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _PARENT_FDS.clear()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and then closes the pipes
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)  # numpy's BLAS, one thread per worker
+    except Exception:
+        pass
+    _worker_info = WorkerInfo(id=wid, num_workers=loader.num_workers, seed=seed, dataset=loader.dataset)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    fetch = _Fetcher(loader)
+    if loader.worker_init_fn is not None:
+        try:
+            loader.worker_init_fn(wid)
+        except BaseException as e:
+            _send_error(wfd, -1, wid, e)
+            return
+    while True:
+        while not select.select([rfd], [], [], 1.0)[0]:
+            if os.getppid() != ppid:
+                return
+        try:
+            msg, _ = read_frame(rfd)
+        except WorkerEOF:
+            return
+        if msg[0] == "r":
+            fetch.reset()
+            write_frame(wfd, *encode(["r", msg[1]]))
+            continue
+        idx = msg[1]
+        try:
+            batch, as_tensors = fetch(msg[2])
+            frame = encode(["b", idx], batch, tensor_arrays=as_tensors, tensor_type=Tensor)
+        except _Exhausted:
+            frame = encode(["x", idx])
+        except BaseException as e:
+            _send_error(wfd, idx, wid, e)
+            continue
+        write_frame(wfd, *frame)
 
 
 def _send_error(wfd: int, idx: int, wid: int, e: BaseException) -> None:
@@ -220,6 +227,9 @@ def base_seed(generator: np.random.Generator | None) -> int:
 def _worker_error(msg: list[Any], wid: int) -> BaseException:
     tname, tb = (msg[2], msg[4]) if len(msg) >= 5 else ("Exception", "")
     full = f"Caught {tname} in DataLoader worker process {wid}.\nOriginal {tb}"
+    if tname == "NoRuntimeError":
+        full += ("(a DataLoader worker process has no asyncgrad runtime: there, dataset[i] and collate_fn must "
+                 "work in numpy; a TensorDataset is gathered from its arrays)")
     cls = getattr(builtins, tname, None) if isinstance(tname, str) else None
     if isinstance(cls, type) and issubclass(cls, Exception):
         try:
