@@ -379,3 +379,34 @@ async def test_tensors_in_a_worker(rt: ag.Runtime) -> None:
     (b,) = list(lo)
     assert isinstance(b["np"], np.ndarray) and b["np"][:, 0].tolist() == [1, 2]
     assert isinstance(b["t"], ag.Tensor) and b["t"].numpy().tolist() == [1, 1, 1]
+
+
+class _Rows(data.Dataset):
+    def __init__(self, n: int, width: int) -> None:
+        self.n, self.width = n, width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return np.full(self.width, i, dtype=np.int64) if self.width > 1 else i
+
+
+async def test_big_batches_and_big_index_lists(rt: ag.Runtime) -> None:
+    # 4 MiB batches (more than a pipe holds) with tasks in flight, sync and async
+    lo = data.DataLoader(_Rows(40, 1 << 16), batch_size=8, num_workers=2, prefetch_factor=3, shuffle=True,
+                         generator=np.random.default_rng(1))
+    ref = data.DataLoader(_Rows(40, 1), batch_size=8, shuffle=True, generator=np.random.default_rng(1))
+    order = [i for b in ref for i in b.numpy().tolist()]
+    got = [b.numpy() for b in lo]
+    assert all(b.shape[1] == 1 << 16 and (b == b[:, :1]).all() for b in got)
+    assert [i for b in got for i in b[:, 0].tolist()] == order
+    with trio.fail_after(60):
+        got = [b.numpy()[:, 0].tolist() async for b in lo]
+    assert [i for b in got for i in b] == [i for b in ref for i in b.numpy().tolist()]  # the next epoch
+    # index lists bigger than a pipe's buffer: the task frames are written as the workers read them
+    n, bs = 1_000_000, 200_000  # a task frame of about 1 MB, the pipes hold 1 MiB at most
+    lo = data.DataLoader(_Rows(n, 1), batch_size=bs, num_workers=2, prefetch_factor=2)
+    with trio.fail_after(120):
+        got = [b async for b in lo]
+    assert all(np.array_equal(b.numpy(), np.arange(k, k + bs)) for b, k in zip(got, range(0, n, bs), strict=True))

@@ -32,6 +32,7 @@ import attrs
 import numpy as np
 import trio
 
+from ...devices import blas_boost_available, blas_boosted
 from ...runtime import Tensor, default_generator, from_numpy
 from . import _codec
 from ._codec import WorkerEOF, decode, encode, read_frame, write_frame
@@ -61,7 +62,7 @@ class WorkerInfo:
 
 _worker_info: WorkerInfo | None = None
 _PARENT_FDS: set[int] = set()  # every pipe end the parent holds, closed first thing in each new child
-_GRACE_S = 5.0
+_GRACE_S = 1.0  # a worker still busy with a batch when its pass ends is killed after this
 _PIPE_SIZE = 1 << 20
 
 
@@ -166,12 +167,7 @@ def _child_main(loader: Any, wid: int, seed: int, rfd: int, wfd: int, ppid: int)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and then closes the pipes
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(1)  # numpy's BLAS, one thread per worker
-    except Exception:
-        pass
+    _one_blas_thread()
     _worker_info = WorkerInfo(id=wid, num_workers=loader.num_workers, seed=seed, dataset=loader.dataset)
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -204,6 +200,21 @@ def _child_main(loader: Any, wid: int, seed: int, rfd: int, wfd: int, ppid: int)
             _send_error(wfd, idx, wid, e)
             continue
         write_frame(wfd, *frame)
+
+
+def _one_blas_thread() -> None:
+    """numpy's BLAS at one thread in a worker: through the setter the parent already found (no library
+    loading in the child), else threadpoolctl. (The environment variables only reach libraries loaded
+    after the fork.)"""
+    try:
+        if blas_boost_available():
+            blas_boosted(1)
+            return
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
+    except Exception:
+        pass
 
 
 def _send_error(wfd: int, idx: int, wid: int, e: BaseException) -> None:
