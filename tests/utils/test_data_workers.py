@@ -410,3 +410,23 @@ async def test_big_batches_and_big_index_lists(rt: ag.Runtime) -> None:
     with trio.fail_after(120):
         got = [b async for b in lo]
     assert all(np.array_equal(b.numpy(), np.arange(k, k + bs)) for b, k in zip(got, range(0, n, bs), strict=True))
+
+
+class _Keyed(data.Dataset):
+    def __getitem__(self, k: Any) -> Any:
+        return {"k": k, "v": np.array([len(str(k))])}
+
+
+async def test_sampler_keys_and_statistics(rt: ag.Runtime) -> None:
+    lo = data.DataLoader(_Keyed(), batch_size=2, sampler=["a", "bb", "ccc"], num_workers=2)
+    assert [_np(b) for b in lo] == [{"k": ["a", "bb"], "v": ("T", "int64", [[1], [2]])},
+                                    {"k": ["ccc"], "v": ("T", "int64", [[3]])}]
+    lo = data.DataLoader(_Rows(6, 1), batch_size=None, sampler=np.array([5, 0, 3]), num_workers=2)
+    assert [int(b) for b in lo] == [5, 0, 3]
+    lo = data.DataLoader(_Slow(), batch_size=2, num_workers=1)
+    with trio.fail_after(60):
+        it = aiter(lo)
+        async for _ in it:
+            pass
+    st = it.statistics()
+    assert st.batches == 3 and st.waited >= 2 and st.wait_seconds > 0.5 and not st.thread_alive

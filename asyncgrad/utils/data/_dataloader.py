@@ -23,35 +23,16 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import attrs
 import numpy as np
 import trio
 
 from ._collate import collate_arrays, default_collate, default_convert, to_arrays, to_tensors
 from ._dataset import IterableDataset, array_source
 from ._sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from ._stats import DataLoaderIterStatistics
 from ._worker import AsyncWorkerIter, Pool, WorkerIter
 
 __all__ = ["DataLoader", "DataLoaderIterStatistics"]
-
-
-@attrs.frozen
-class DataLoaderIterStatistics:
-    """Counters of one ``async for`` pass over a `DataLoader`.
-
-    Attributes:
-        batches: Batches handed out so far.
-        waited: How many of them were not ready when asked for (the step waited for data).
-        wait_seconds: Total time spent waiting for them.
-        in_flight: Batches being prefetched now.
-        thread_alive: Whether the prefetch thread is running.
-    """
-
-    batches: int
-    waited: int
-    wait_seconds: float
-    in_flight: int
-    thread_alive: bool
 
 
 class DataLoader:

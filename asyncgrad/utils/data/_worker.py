@@ -38,6 +38,7 @@ from . import _codec
 from ._codec import WorkerEOF, decode, encode, read_frame, write_frame
 from ._collate import collate_arrays, convert_arrays, default_collate, default_convert, to_arrays
 from ._dataset import array_source
+from ._stats import DataLoaderIterStatistics
 
 __all__ = ["WorkerInfo", "get_worker_info"]
 
@@ -362,6 +363,15 @@ class Pool:
             self.pids[i] = -1
 
 
+def _key(i: Any) -> Any:
+    """A sampler's index as msgpack carries it (numpy integers as ints; str and int keys as they are)."""
+    if isinstance(i, np.integer):
+        return int(i)
+    if isinstance(i, np.floating):
+        return float(i)
+    return i
+
+
 class Epoch:
     """One pass over the loader with a `Pool`: which task each worker holds, results in sampler order."""
 
@@ -411,8 +421,7 @@ class Epoch:
                 except StopIteration:
                     self.out_of_tasks = True
                     return
-                if self.lo._auto_collation:
-                    payload = [int(i) for i in payload]
+                payload = [_key(i) for i in payload] if self.lo._auto_collation else _key(payload)
             idx = self.send_idx
             self.send_idx += 1
             self.task_worker[idx] = w
@@ -592,6 +601,20 @@ class WorkerIter(_PassBase):
 class AsyncWorkerIter(_PassBase):
     """``async for batch in loader`` with worker processes: the loop only waits (trio IO waits)."""
 
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader)
+        self._batches = 0
+        self._waited = 0
+        self._wait_s = 0.0
+
+    def statistics(self) -> DataLoaderIterStatistics:
+        """`DataLoaderIterStatistics` of this pass (``in_flight``: tasks the workers hold;
+        ``thread_alive``: False, there is no prefetch thread)."""
+        return DataLoaderIterStatistics(
+            batches=self._batches, waited=self._waited, wait_seconds=self._wait_s,
+            in_flight=0 if self._ep is None else len(self._ep.task_worker), thread_alive=False,
+        )
+
     def __aiter__(self) -> AsyncWorkerIter:
         return self
 
@@ -601,13 +624,19 @@ class AsyncWorkerIter(_PassBase):
         try:
             ep = self._epoch()
             timeout = self._loader.timeout
+            t0, waited = time.perf_counter(), False
             while True:
                 kind, val = ep.want()
                 if kind == "batch":
+                    self._batches += 1
+                    if waited:
+                        self._waited += 1
+                        self._wait_s += time.perf_counter() - t0
                     await trio.lowlevel.checkpoint()
                     return val
                 if kind == "done":
                     break
+                waited = True
                 try:
                     with trio.fail_after(timeout) if timeout > 0 else trio.CancelScope():
                         msg, body = await pump_async(ep.pool, val)
