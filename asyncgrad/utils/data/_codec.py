@@ -18,7 +18,7 @@ import select
 import struct
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
@@ -48,9 +48,10 @@ class WorkerEOF(EOFError):
 
 
 class _Enc:
-    def __init__(self, tensor_arrays: bool, tensor_type: type | None) -> None:
+    def __init__(self, tensor_arrays: bool, tensor_type: type | None, tensor_value: Callable[[Any], Any]) -> None:
         self.tensor_arrays = tensor_arrays
         self.tensor_type = tensor_type
+        self.tensor_value = tensor_value
         self.bufs: list[memoryview] = []
         self.size = 0
 
@@ -75,7 +76,7 @@ class _Enc:
         if isinstance(x, np.ndarray):
             return self.array(x, "T" if self.tensor_arrays else "a", where)
         if self.tensor_type is not None and isinstance(x, self.tensor_type):
-            return self.array(np.asarray(x), "T", where)
+            return self.array(np.asarray(self.tensor_value(x)), "T", where)
         if isinstance(x, np.generic):
             if x.dtype.kind not in _KINDS:
                 raise TypeError(f"DataLoader worker: cannot send a numpy scalar of dtype {x.dtype} (at {where})")
@@ -100,9 +101,11 @@ class _Enc:
 
 
 def encode(msg: list[Any], payload: Any = None, *, tensor_arrays: bool = False,
-           tensor_type: type | None = None) -> tuple[bytes, list[memoryview], int]:
-    """``msg`` (a list of plain values) plus ``payload`` (a batch) as (header, buffers, body size)."""
-    enc = _Enc(tensor_arrays, tensor_type)
+           tensor_type: type | None = None,
+           tensor_value: Callable[[Any], Any] = np.asarray) -> tuple[bytes, list[memoryview], int]:
+    """``msg`` (a list of plain values) plus ``payload`` (a batch) as (header, buffers, body size); a
+    ``tensor_type`` leaf is sent as ``tensor_value`` of it, marked to become a Tensor again."""
+    enc = _Enc(tensor_arrays, tensor_type, tensor_value)
     tree = enc.tree(payload, "batch")
     header = msgpack.packb([*msg, tree], use_bin_type=True)
     return header, enc.bufs, enc.size

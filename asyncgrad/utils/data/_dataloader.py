@@ -53,7 +53,8 @@ class DataLoader:
             seeded with ``base_seed + id``, the base seed drawn from ``generator`` (else the default
             generator) without advancing its stream, so the shuffle order is the same as with 0 workers.
             A worker must not use asyncgrad ops (its runtime does not exist in the child): ``dataset[i]``
-            and ``collate_fn`` work in numpy there; a Tensor's ready value is read as its array, and a
+            and ``collate_fn`` work in numpy there; a Tensor computed before the fork is read as its array
+            (one still pending is an error), and a
             `TensorDataset` is gathered from its arrays. A batch may hold arrays, tensors, numbers,
             strings, bytes, None and dicts/lists/tuples/named tuples of them; anything else is a TypeError
             naming its type and place. A worker's exception is re-raised here (same builtin type, else

@@ -36,7 +36,7 @@ from ...devices import blas_boost_available, blas_boosted
 from ...runtime import Tensor, default_generator, from_numpy
 from . import _codec
 from ._codec import WorkerEOF, decode, encode, read_frame, write_frame
-from ._collate import collate_arrays, convert_arrays, default_collate, default_convert, to_arrays
+from ._collate import collate_arrays, convert_arrays, default_collate, default_convert, map_leaves
 from ._dataset import array_source
 from ._stats import DataLoaderIterStatistics
 
@@ -103,9 +103,9 @@ class _Fetcher:
     def _collate(self, samples: Any) -> tuple[Any, bool]:
         fn = self.lo.collate_fn
         if fn is default_collate:
-            return collate_arrays(to_arrays(list(samples))), True
+            return collate_arrays(ready_arrays(list(samples))), True
         if fn is default_convert:
-            return convert_arrays(samples), True
+            return convert_arrays(ready_arrays(samples)), True
         return fn(samples), False
 
     def __call__(self, payload: Any) -> tuple[Any, bool]:
@@ -140,6 +140,22 @@ class _Fetcher:
         getitems = getattr(lo.dataset, "__getitems__", None)
         samples = getitems(list(payload)) if getitems is not None else [lo.dataset[i] for i in payload]
         return self._collate(samples)
+
+
+def ready_value(t: Tensor) -> np.ndarray:
+    """(worker) A Tensor's value: it must have been computed before the fork (no lane runs here)."""
+    v = t.value_if_ready()
+    if v is None:
+        raise RuntimeError(
+            f"a Tensor of shape {tuple(t.shape)} was still being computed when the DataLoader worker was forked; "
+            "no kernel runs in a worker: make the dataset's tensors ready first (await t.ready())"
+        )
+    return np.asarray(v)
+
+
+def ready_arrays(x: Any) -> Any:
+    """(worker) ``x`` with every Tensor replaced by its computed value."""
+    return map_leaves(x, Tensor, ready_value)
 
 
 def _child(loader: Any, wid: int, seed: int, rfd: int, wfd: int, ppid: int) -> None:
@@ -194,7 +210,7 @@ def _child_main(loader: Any, wid: int, seed: int, rfd: int, wfd: int, ppid: int)
         idx = msg[1]
         try:
             batch, as_tensors = fetch(msg[2])
-            frame = encode(["b", idx], batch, tensor_arrays=as_tensors, tensor_type=Tensor)
+            frame = encode(["b", idx], batch, tensor_arrays=as_tensors, tensor_type=Tensor, tensor_value=ready_value)
         except _Exhausted:
             frame = encode(["x", idx])
         except BaseException as e:
@@ -270,6 +286,8 @@ class Pool:
         # frames not yet written to each worker (kept across passes: a half-written one is finished first)
         self.pending: list[collections.deque[memoryview]] = [collections.deque() for _ in range(self.n)]
         seed = base_seed(loader.generator)
+        if loader.collate_fn is default_collate and not loader._iterable:
+            array_source(loader.dataset)  # a TensorDataset's values, computed here (no kernel runs in a worker)
         try:
             for wid in range(self.n):
                 self._fork(loader, wid, seed + wid)
