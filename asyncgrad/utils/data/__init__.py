@@ -11,6 +11,7 @@ from ._sampler import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from ._worker import WorkerInfo, get_worker_info
 
 __all__ = [
     "BatchSampler",
@@ -26,7 +27,9 @@ __all__ = [
     "SubsetRandomSampler",
     "TensorDataset",
     "WeightedRandomSampler",
+    "WorkerInfo",
     "default_collate",
     "default_convert",
+    "get_worker_info",
     "random_split",
 ]

@@ -15,12 +15,14 @@ import numpy as np
 
 from ...runtime import Tensor, from_numpy
 
-__all__ = ["collate_arrays", "default_collate", "default_convert", "to_arrays", "to_tensors"]
+__all__ = [
+    "collate_arrays", "convert_arrays", "default_collate", "default_convert", "map_leaves", "to_arrays", "to_tensors",
+]
 
 _ERR = "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
 
 
-def _map_leaves(x: Any, kind: type, fn: Callable[[Any], Any]) -> Any:
+def map_leaves(x: Any, kind: type, fn: Callable[[Any], Any]) -> Any:
     """``x`` with every ``kind`` inside it (through mappings, named tuples, lists, tuples) replaced by
     ``fn`` of it; everything else kept as it is."""
     if isinstance(x, kind):
@@ -28,18 +30,18 @@ def _map_leaves(x: Any, kind: type, fn: Callable[[Any], Any]) -> Any:
     if isinstance(x, (str, bytes)) or x is None:
         return x
     if isinstance(x, Mapping):
-        out = {k: _map_leaves(v, kind, fn) for k, v in x.items()}
+        out = {k: map_leaves(v, kind, fn) for k, v in x.items()}
         return out if type(x) is dict else _remake(x, out)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(_map_leaves(v, kind, fn) for v in x))
+        return type(x)(*(map_leaves(v, kind, fn) for v in x))
     if isinstance(x, (list, tuple)):
-        return type(x)(_map_leaves(v, kind, fn) for v in x)
+        return type(x)(map_leaves(v, kind, fn) for v in x)
     return x
 
 
 def to_arrays(x: Any) -> Any:
     """``x`` with every Tensor replaced by its numpy array (waits for pending values)."""
-    return _map_leaves(x, Tensor, np.asarray)
+    return map_leaves(x, Tensor, np.asarray)
 
 
 def _remake(proto: Any, d: dict[Any, Any]) -> Any:
@@ -99,7 +101,7 @@ def collate_arrays(batch: Sequence[Any]) -> Any:
 
 def to_tensors(x: Any) -> Any:
     """``x`` with every numpy array replaced by a Tensor sharing its memory."""
-    return _map_leaves(x, np.ndarray, from_numpy)
+    return map_leaves(x, np.ndarray, from_numpy)
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
@@ -111,13 +113,21 @@ def default_collate(batch: Sequence[Any]) -> Any:
 def default_convert(data: Any) -> Any:
     """PyTorch's ``default_convert`` (the loader's ``collate_fn`` when ``batch_size=None``): numpy arrays
     become tensors, anything else is kept."""
+    return convert_arrays(data, from_numpy)
+
+
+def convert_arrays(data: Any, fn: Callable[[np.ndarray], Any] = lambda a: a) -> Any:
+    """`default_convert`'s structure (tuples become lists, as in PyTorch) with ``fn`` applied to the numpy
+    arrays (Tensors inside are taken as their arrays); the identity keeps them numpy (for a worker)."""
+    if isinstance(data, Tensor):
+        data = np.asarray(data)
     if isinstance(data, np.ndarray) and data.dtype.kind not in "USOV":
-        return from_numpy(data)
+        return fn(data)
     if isinstance(data, Mapping):
-        out = {k: default_convert(v) for k, v in data.items()}
+        out = {k: convert_arrays(v, fn) for k, v in data.items()}
         return out if type(data) is dict else _remake(data, out)
     if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(default_convert(v) for v in data))
+        return type(data)(*(convert_arrays(v, fn) for v in data))
     if isinstance(data, (list, tuple)):  # a tuple becomes a list, as in PyTorch
-        return [default_convert(v) for v in data]
+        return [convert_arrays(v, fn) for v in data]
     return data

@@ -9,6 +9,8 @@ prefetch thread while the training step runs, so the next batch is ready when th
 
 The prefetch thread belongs to one ``async for`` pass: it ends with the pass, on ``aclose()``, or as soon
 as the iterator is garbage collected (after a ``break``); it never runs tensor ops (only numpy).
+
+With ``num_workers > 0`` both forms fetch in forked worker processes instead (`_worker`).
 """
 
 from __future__ import annotations
@@ -21,48 +23,16 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import attrs
 import numpy as np
 import trio
 
 from ._collate import collate_arrays, default_collate, default_convert, to_arrays, to_tensors
-from ._dataset import IterableDataset, Subset, TensorDataset
+from ._dataset import IterableDataset, array_source
 from ._sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from ._stats import DataLoaderIterStatistics
+from ._worker import AsyncWorkerIter, Pool, WorkerIter
 
 __all__ = ["DataLoader", "DataLoaderIterStatistics"]
-
-
-@attrs.frozen
-class DataLoaderIterStatistics:
-    """Counters of one ``async for`` pass over a `DataLoader`.
-
-    Attributes:
-        batches: Batches handed out so far.
-        waited: How many of them were not ready when asked for (the step waited for data).
-        wait_seconds: Total time spent waiting for them.
-        in_flight: Batches being prefetched now.
-        thread_alive: Whether the prefetch thread is running.
-    """
-
-    batches: int
-    waited: int
-    wait_seconds: float
-    in_flight: int
-    thread_alive: bool
-
-
-def _array_source(ds: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
-    """For a `TensorDataset` (or a `Subset` of one): its arrays and the index map, for batched gathers."""
-    if type(ds) is TensorDataset:
-        return ds._arrays(), None
-    if type(ds) is Subset:
-        base = _array_source(ds.dataset)
-        if base is None:
-            return None
-        arrays, imap = base
-        idx = np.asarray(ds.indices, dtype=np.int64)
-        return arrays, idx if imap is None else imap[idx]
-    return None
 
 
 class DataLoader:
@@ -74,16 +44,39 @@ class DataLoader:
         shuffle: Reshuffle the indices every epoch (a `RandomSampler` with ``generator``).
         sampler: The indices to draw (exclusive with ``shuffle``).
         batch_sampler: Lists of indices (exclusive with batch_size, shuffle, sampler, drop_last).
-        num_workers: Accepted; no worker processes are started (``async for`` prefetches on a thread).
+        num_workers: Worker processes (0: fetch in this process). Each worker is forked (``os.fork``) when a
+            pass starts, inherits the dataset (nothing is pickled) and fetches whole batches: ``dataset[i]``
+            for the batch's indices, then ``collate_fn``. Batches come back as raw array buffers (msgpack
+            for the nesting) and are delivered in sampler order; the parent makes the Tensors (sharing the
+            received memory). In a worker, `get_worker_info` gives its id, ``num_workers``, seed and dataset
+            (an `IterableDataset` shards itself with it, as in PyTorch); `random` and ``np.random`` are
+            seeded with ``base_seed + id``, the base seed drawn from ``generator`` (else the default
+            generator) without advancing its stream, so the shuffle order is the same as with 0 workers.
+            A worker must not use asyncgrad ops (its runtime does not exist in the child): ``dataset[i]``
+            and ``collate_fn`` work in numpy there; a Tensor computed before the fork is read as its array
+            (one still pending is an error), and a
+            `TensorDataset` is gathered from its arrays. A batch may hold arrays, tensors, numbers,
+            strings, bytes, None and dicts/lists/tuples/named tuples of them; anything else is a TypeError
+            naming its type and place. A worker's exception is re-raised here (same builtin type, else
+            RuntimeError) with its id and traceback text; a worker that dies is a RuntimeError naming it
+            and its signal. Workers end with the pass (exhausted, ``close()``/``aclose()``, or the iterator
+            garbage collected), or, with ``persistent_workers``, with the loader. ``async for`` waits with
+            trio's IO waits and copies the bytes on a thread, never on the loop.
+            Each worker limits its BLAS to one thread (threadpoolctl). Linux only (fork).
         collate_fn: Merges a list of samples (default `default_collate`). A custom one runs on the event-loop
-            thread (it may use tensor ops); the default one copies on the prefetch thread.
+            thread (it may use tensor ops) with 0 workers, in the worker otherwise (numpy only); the
+            default one copies on the prefetch thread.
         pin_memory: Accepted (host memory needs no pinning without a CUDA device).
         drop_last: Drop the last incomplete batch.
-        timeout: Seconds ``async for`` waits for a batch before failing (0: no limit).
-        worker_init_fn: With ``num_workers > 0``, called as ``worker_init_fn(0)`` on the prefetch thread.
+        timeout: Seconds a pass waits for a batch before failing (0: no limit); with 0 workers, ``async
+            for`` only.
+        worker_init_fn: With ``num_workers > 0``, called as ``worker_init_fn(id)`` in each worker, after
+            seeding and before its first batch.
+        multiprocessing_context: None or ``"fork"`` (the only start method: others would pickle).
         generator: A ``numpy.random.Generator`` for shuffling (seeded: a reproducible order).
-        prefetch_factor: Batches in flight during ``async for`` (default 2).
-        persistent_workers: Accepted with ``num_workers > 0``, as in PyTorch.
+        prefetch_factor: Batches in flight during ``async for`` (default 2); with workers, per worker.
+        persistent_workers: Keep the worker processes across passes (ended when the loader is garbage
+            collected, or when a pass fails).
     """
 
     def __init__(
@@ -125,6 +118,12 @@ class DataLoader:
         self.prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
         self.persistent_workers = persistent_workers
         self.generator = generator
+        if multiprocessing_context not in (None, "fork"):
+            raise ValueError(
+                f"multiprocessing_context={multiprocessing_context!r}: workers are forked (the dataset is inherited, "
+                "never pickled); only None or 'fork' is supported"
+            )
+        self._pool: Pool | None = None  # the workers kept across passes (persistent_workers=True)
         self._iterable = isinstance(dataset, IterableDataset)
         if self._iterable:
             if shuffle not in (None, False):
@@ -211,7 +210,7 @@ class DataLoader:
             for i in self.sampler:  # type: ignore[union-attr]
                 yield "ready", self.collate_fn(self.dataset[i])
             return
-        fast = _array_source(self.dataset) if self.collate_fn is default_collate else None
+        fast = array_source(self.dataset) if self.collate_fn is default_collate else None
         for idx in self.batch_sampler:
             if fast is not None:
                 arrays, imap = fast
@@ -231,10 +230,17 @@ class DataLoader:
         return "ready", self.collate_fn(samples)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.num_workers > 0:
+            return WorkerIter(self)
+        return self._iter_here()
+
+    def _iter_here(self) -> Iterator[Any]:
         for kind, val in self._plan():
             yield to_tensors(val()) if kind == "job" else val
 
-    def __aiter__(self) -> _AsyncLoaderIter:
+    def __aiter__(self) -> _AsyncLoaderIter | AsyncWorkerIter:
+        if self.num_workers > 0:
+            return AsyncWorkerIter(self)
         return _AsyncLoaderIter(self)
 
 
@@ -261,13 +267,7 @@ class _Waker:
 
 def _prefetch_worker(
     jobs: Any, results: collections.deque[tuple[bool, Any]], token: trio.lowlevel.TrioToken, waker: _Waker,
-    init: Callable[[int], None] | None,
 ) -> None:
-    if init is not None:
-        try:
-            init(0)
-        except BaseException as e:  # reported with the first batch
-            results.append((False, e))
     while True:
         job = jobs.get()
         if job is None:
@@ -333,11 +333,9 @@ class _AsyncLoaderIter:
     def _start_thread(self) -> None:
         if self._thread is not None:
             return
-        lo = self._loader
         self._thread = threading.Thread(
             target=_prefetch_worker,
-            args=(self._jobs, self._results, trio.lowlevel.current_trio_token(), self._waker,
-                  lo.worker_init_fn if lo.num_workers > 0 else None),
+            args=(self._jobs, self._results, trio.lowlevel.current_trio_token(), self._waker),
             name="asyncgrad-dataloader-prefetch",
             daemon=True,  # stopped by its owner; daemon only so that a leaked iterator cannot block exit
         )

@@ -151,3 +151,17 @@ def random_split(
         out.append(Subset(dataset, perm[off : off + int(ln)]))
         off += int(ln)
     return out
+
+
+def array_source(ds: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
+    """For a `TensorDataset` (or a `Subset` of one): its arrays and the index map, for batched gathers."""
+    if type(ds) is TensorDataset:
+        return ds._arrays(), None
+    if type(ds) is Subset:
+        base = array_source(ds.dataset)
+        if base is None:
+            return None
+        arrays, imap = base
+        idx = np.asarray(ds.indices, dtype=np.int64)
+        return arrays, idx if imap is None else imap[idx]
+    return None
