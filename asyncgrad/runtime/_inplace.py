@@ -162,6 +162,9 @@ def _iop(self: Tensor, other: Any, ufunc: Any, name: str) -> Tensor:
 
 
 def check_inplace(self: Tensor, name: str, *values: Any) -> None:
+    d = self._data
+    if d is not None and not d.flags.writeable:
+        _refuse_readonly(self, name, d)
     if not _grad_mode._grad_enabled.get():
         return
     if self._rg:
@@ -178,6 +181,18 @@ def check_inplace(self: Tensor, name: str, *values: Any) -> None:
                 "outside the graph, so its gradient would be lost; build the result out of place "
                 "(asyncgrad.where, stack, concat, ...) or write value.detach() if no gradient should flow"
             )
+
+
+def _refuse_readonly(t: Tensor, name: str, d: np.ndarray) -> None:
+    if any(st == 0 and n > 1 for st, n in zip(d.strides, d.shape)):
+        # PyTorch's error: an expanded tensor's elements share memory
+        raise RuntimeError(
+            f"in-place {name} on a tensor of shape {t._shape} in which more than one element refers to a single "
+            "memory location (an expand() or broadcast view); clone() the tensor before the in-place operation"
+        )
+    raise RuntimeError(
+        f"in-place {name} on a read-only tensor of shape {t._shape} (a read-only array it wraps); clone() it first"
+    )
 
 
 def unary_(name: str, ufunc: Any) -> Callable[[Tensor], Tensor]:

@@ -571,3 +571,15 @@ async def test_mark_dirty_invalidates_what_an_earlier_node_saved(rt: Any) -> Non
     with pytest.raises(RuntimeError, match="modified by an in-place operation"):
         await z.backward()
     assert a.grad is None
+
+
+async def test_inplace_on_an_expanded_tensor_is_refused_as_pytorch_does(rt) -> None:
+    e = ag.ones(3).expand(2, 3)
+    await e.ready()
+    for write in (lambda: e.add_(1), lambda: e.mul_(2), lambda: e.zero_()):
+        with pytest.raises(RuntimeError, match="more than one element refers to a single memory location"):
+            write()
+    assert e.tolist() == [[1.0] * 3] * 2  # nothing was written
+    c = e.clone()
+    c.add_(1)  # the remedy the message names
+    assert c.tolist() == [[2.0] * 3] * 2
