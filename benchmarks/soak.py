@@ -8,7 +8,7 @@
    pass k adding k * x: the gradients must equal x * 500500 exactly.
 3. ``service``: examples/serve_and_train.py in a child process, training all the time, under 32
    concurrent clients posting /predict for 60 s: errors (must be 0), predict latency p50/p99/max, and
-   the server's RSS every 5 s (slope over the second half).
+   the server's RSS every 5 s (slope over the second half), and its open file descriptors (connections).
 
     python3 benchmarks/soak.py                  # all three
     python3 benchmarks/soak.py hooks --steps 2000
@@ -39,6 +39,14 @@ def rss_kib(pid: int | str = "self") -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return -1
+
+
+def open_fds(pid: int | str = "self") -> int:
+    """Open file descriptors of a process (for the server: its listening socket plus one per connection)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -163,6 +171,7 @@ def soak_service(seconds: float, clients: int) -> dict[str, Any]:
     lat: list[float] = []
     errors: list[str] = []
     rss: list[tuple[float, int]] = []
+    fds: list[int] = []
 
     async def main() -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as c:
@@ -194,6 +203,7 @@ def soak_service(seconds: float, clients: int) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 while time.perf_counter() < t_end:
                     rss.append((time.perf_counter() - t0, rss_kib(server.pid)))
+                    fds.append(open_fds(server.pid))
                     await trio.sleep(5)
 
             async with trio.open_nursery() as n:
@@ -216,12 +226,16 @@ def soak_service(seconds: float, clients: int) -> dict[str, Any]:
     r = {"requests": len(lat), "errors": len(errors), "first_errors": errors[:3],
          "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
          "rss_kib": rss, "rss_slope_kib_per_min": slope([t for t, _ in rss], [v for _, v in rss]) * 60,
-         "train_steps": stats.get("train_steps", stats.get("steps"))}
+         "server_fds": fds, "train_steps": stats.get("train_steps", stats.get("steps"))}
     print(f"service: {clients} clients x {seconds:.0f} s: {r['requests']} predicts, {r['errors']} errors "
           f"{r['first_errors']}, latency p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms; "
           f"trainer steps {r['train_steps']}")
     print(f"  server RSS KiB every 5 s: {[v for _, v in rss]}; slope (second half) "
           f"{r['rss_slope_kib_per_min']:.0f} KiB/min")
+    # The server's heap follows how many connections it holds open: a connection the client closed
+    # stays open on the server until its keep-alive timer fires (hypercorn's trio worker, 5 s), so
+    # client-side connection churn shows up here, and in the RSS, as connections in limbo.
+    print(f"  server open fds every 5 s (sockets: ~one per connection it holds): {fds}")
     return r
 
 

@@ -193,3 +193,71 @@ async def test_snapshots_are_immutable_and_bad_requests_are_rejected():
         assert r.status_code == 200 and r.json()["classes"] == []
         stats = (await client.get("/stats")).json()
         assert stats["steps"] == 0 and stats["training"] is False and stats["examples"] == 0
+
+
+def _census(objs, skip=frozenset()) -> dict[str, int]:
+    """Counts of the objects of asyncgrad, of this example, and numpy arrays, by type (ids in ``skip`` left out)."""
+    counts: dict[str, int] = {}
+    for o in objs:
+        if id(o) in skip:
+            continue
+        t = type(o)
+        mod = t.__dict__.get("__module__", "")
+        if (isinstance(mod, str) and mod.startswith(("asyncgrad", "serve_and_train"))) or t is np.ndarray:
+            key = f"{mod}.{t.__qualname__}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+async def test_training_and_predicts_make_no_garbage_cycles_and_no_growing_objects(digits):
+    """The soak's service RSS must not creep because of the model: a training step and a predict free
+    everything they make by reference counting (no cycle left for the collector: a cycle per step would
+    make the heap follow the collector's schedule), and the live objects do not grow with the steps."""
+    import gc
+
+    import asyncgrad as ag
+
+    (Xtr, ytr), (Xte, _) = digits
+    batches = [Xte[i : i + 8] for i in range(0, 256, 8)]
+
+    async def run_steps(service, nursery, steps):
+        target = service.steps + steps
+        with trio.fail_after(60):
+            while service.steps < target:
+                for x in batches:
+                    classes, _ = await service.predict(x)
+                    assert len(classes) == len(x)
+                await trio.sleep(0)
+
+    async with ag.open_runtime():
+        service = example.Service(idle_steps=10**9, publish_every=5)
+        service.add_examples(Xtr, ytr)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(service.train_forever)
+            await run_steps(service, nursery, 100)  # warm-up: caches, snapshots, deques fill
+            gc.collect()
+            alive = gc.get_objects()
+            before = _census(alive)
+            # objects alive now (say, the devices of an earlier test's closed runtime that the collector
+            # has not reached yet) are not this window's garbage
+            old_ids = frozenset(map(id, alive))
+            del alive
+            was_enabled = gc.isenabled()
+            gc.disable()
+            gc.set_debug(gc.DEBUG_SAVEALL)  # whatever the collector would free is kept for a look
+            try:
+                await run_steps(service, nursery, 300)
+                gc.collect()
+                garbage = list(gc.garbage)
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                if was_enabled:
+                    gc.enable()
+            after = _census(gc.get_objects())
+            nursery.cancel_scope.cancel()
+    cycles = _census(garbage, old_ids)
+    del garbage
+    assert cycles == {}, f"a training step or a predict left reference cycles: {cycles}"
+    grown = {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0) + 8}
+    assert grown == {}, f"live objects grew over 300 steps (before, after): {grown}"
