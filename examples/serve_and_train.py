@@ -367,6 +367,28 @@ class Running:
     service: Service
 
 
+def _close_connections_at_eof() -> None:
+    """hypercorn 0.18's trio worker keeps a connection the client closed open until its keep-alive timer
+    ends (5 s by default): the read loop returns at EOF but the idle timer is left running in the
+    connection's task group. A service whose clients open connections all the time (httpx's pool keeps 20)
+    then holds hundreds of closed sockets and their objects at once, and its RSS climbs with each new peak
+    (measured with `benchmarks/soak.py service`). Stop that timer when the read loop ends."""
+    import hypercorn.trio.run as hrun
+    from hypercorn.trio.tcp_server import TCPServer
+
+    if getattr(hrun.TCPServer, "closes_at_eof", False):
+        return
+
+    class _TCPServer(TCPServer):
+        closes_at_eof = True
+
+        async def _read_data(self) -> None:
+            await super()._read_data()
+            await self.idle_task.stop()
+
+    hrun.TCPServer = _TCPServer  # type: ignore[misc]
+
+
 async def serve(
     port: int = 8000,
     *,
@@ -383,6 +405,7 @@ async def serve(
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
+    _close_connections_at_eof()
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None

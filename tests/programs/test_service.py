@@ -261,3 +261,31 @@ async def test_training_and_predicts_make_no_garbage_cycles_and_no_growing_objec
     assert cycles == {}, f"a training step or a predict left reference cycles: {cycles}"
     grown = {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0) + 8}
     assert grown == {}, f"live objects grew over 300 steps (before, after): {grown}"
+
+
+async def test_a_connection_the_client_closed_is_closed_by_the_server_at_once():
+    """hypercorn 0.18 kept such connections until its 5 s keep-alive timer ended (the service's RSS then grew
+    with each peak of lingering connections under clients that open new ones): the example stops that timer.
+    32 concurrent requesters over one httpx pool (it keeps 20 connections alive and closes the rest)."""
+    import os
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async with running_service() as (running, _):
+        base = open_fds()
+        with trio.fail_after(30):
+            async with httpx.AsyncClient(base_url=running.url, timeout=30, trust_env=False) as client:
+                end = time.perf_counter() + 1.0
+
+                async def requester() -> None:
+                    while time.perf_counter() < end:
+                        assert (await client.get("/stats")).status_code == 200
+
+                async with trio.open_nursery() as n:
+                    for _ in range(32):
+                        n.start_soon(requester)
+            # every client connection is closed now; the server's ends close well inside the keep-alive time
+            with trio.fail_after(2):
+                while open_fds() > base + 2:
+                    await trio.sleep(0.02)
