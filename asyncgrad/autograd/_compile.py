@@ -894,7 +894,10 @@ class CompiledStep:
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._calls += 1
-        if self.fallback_reason is not None or self._calls <= self.warmup or _capture.active is not None:
+        rec = _capture.active
+        # inside this task's own recording (a compiled step called by another): eager, so it is recorded;
+        # another task's recording does not stop a replay here (a replay dispatches no op)
+        if self.fallback_reason is not None or self._calls <= self.warmup or (rec is not None and rec.wants()):
             self._eager += 1
             return await self.fn(*args, **kwargs)
         why = None
