@@ -106,13 +106,16 @@ def torch_training(i: int) -> list[np.ndarray]:
     return [p.detach().numpy() for p in P]
 
 
-async def ag_training(i: int, loss_fn: Any) -> Any:
+async def ag_training(i: int, loss_fn: Any, compiled: bool = False) -> Any:
+    """One W3 training; ``compiled``: its step under `ag.compile` (recorded once, then replayed as one lane
+    job), which must capture it."""
     import asyncgrad as ag
 
     X, Y, P0 = data(i)
     x, y, idx = ag.tensor(X), ag.tensor(Y), ag.arange(B)
     P = [ag.tensor(p, requires_grad=True) for p in P0]
-    for _ in range(STEPS):
+
+    async def step(x: Any, y: Any, idx: Any) -> None:
         W1, b1, W2, b2, W3, b3 = P
         h = ag.relu(x @ W1 + b1)
         h = ag.relu(h @ W2 + b2)
@@ -123,40 +126,19 @@ async def ag_training(i: int, loss_fn: Any) -> Any:
             for p in P:
                 p -= LR * p.grad
                 p.grad = None
+
+    run = ag.compile(step) if compiled else step
+    for _ in range(STEPS):
+        await run(x, y, idx)
+    if compiled and run.statistics().fallback_reason is not None:
+        raise RuntimeError(f"W3's step was not captured: {run.statistics().fallback_reason}")
     for p in P:
         await p.ready()
     return P
 
 
 async def ag_training_compiled(i: int, loss_fn: Any) -> Any:
-    """The same training with its step under `ag.compile` (recorded once, then replayed as one lane job)."""
-    import asyncgrad as ag
-
-    X, Y, P0 = data(i)
-    x, y, idx = ag.tensor(X), ag.tensor(Y), ag.arange(B)
-    P = [ag.tensor(p, requires_grad=True) for p in P0]
-
-    async def step(x: Any, y: Any, idx: Any) -> Any:
-        W1, b1, W2, b2, W3, b3 = P
-        h = ag.relu(x @ W1 + b1)
-        h = ag.relu(h @ W2 + b2)
-        z = h @ W3 + b3
-        loss = loss_fn(z, y, idx)
-        await loss.backward()
-        with ag.no_grad():
-            for p in P:
-                p -= LR * p.grad
-                p.grad = None
-
-    cstep = ag.compile(step)
-    for _ in range(STEPS):
-        await cstep(x, y, idx)
-    st = cstep.statistics()
-    if st.fallback_reason is not None:
-        raise RuntimeError(f"W3's step was not captured: {st.fallback_reason}")
-    for p in P:
-        await p.ready()
-    return P
+    return await ag_training(i, loss_fn, compiled=True)
 
 
 def _loss_fn() -> Any:
