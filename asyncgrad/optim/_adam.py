@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._optimizer import Optimizer, count_step, fused_update, state_like
-from ._port_common import adam_family_hypers, grad_term, lerp_
+from ._optimizer import AdamFamily, fused_update, state_like
+from ._port_common import grad_term, lerp_
 
 __all__ = ["Adam", "AdamW"]
 
@@ -18,7 +18,7 @@ _MOMENTS = ("exp_avg", "exp_avg_sq")
 _MOMENTS_AMSGRAD = (*_MOMENTS, "max_exp_avg_sq")
 
 
-class Adam(Optimizer):
+class Adam(AdamFamily):
     """Adam (``torch.optim.Adam``), with L2 ``weight_decay`` added to the gradient.
 
     For each parameter, at step ``t``::
@@ -64,24 +64,12 @@ class Adam(Optimizer):
         }
         super().__init__(params, defaults)
 
-    def _check_group(self, group: dict[str, Any]) -> None:
-        b1, b2 = group["betas"]
-        if group["lr"] < 0.0:
-            raise ValueError(f"Invalid learning rate: {group['lr']}")
-        if group["eps"] < 0.0:
-            raise ValueError(f"Invalid epsilon value: {group['eps']}")
-        if not 0.0 <= b1 < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {b1}")
-        if not 0.0 <= b2 < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {b2}")
-        if group["weight_decay"] < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
-
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-        lr, eps, beta1, beta2, wd, maximize = adam_family_hypers(group)
         amsgrad = bool(group["amsgrad"])
         decoupled = self._decoupled
-        first = count_step(p, state, *(_MOMENTS_AMSGRAD if amsgrad else _MOMENTS))
+        first, (lr, eps, beta1, beta2, wd, maximize) = self._begin_step(
+            p, group, state, *(_MOMENTS_AMSGRAD if amsgrad else _MOMENTS)
+        )
         if not first and amsgrad and state.get("max_exp_avg_sq") is None:
             # AMSGrad switched on after the first step: its running maximum starts at zero
             state["max_exp_avg_sq"] = state_like(p)

@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._optimizer import Optimizer, count_step, fused_update
-from ._port_common import ADAM_FAMILY_CHECKS, adam_family_hypers, grad_term, lerp_, torch_only_flags
+from ._optimizer import AdamFamily, fused_update
+from ._port_common import grad_term, lerp_, torch_only_flags
 
 __all__ = ["Adamax"]
 
 
-class Adamax(Optimizer):
+class Adamax(AdamFamily):
     """Adamax: Adam with the infinity norm in place of the second moment.
 
     At step ``t``, as PyTorch computes it::
@@ -34,8 +34,6 @@ class Adamax(Optimizer):
         maximize: Maximize the objective.
     """
 
-    _hyper_checks = ADAM_FAMILY_CHECKS
-
     def __init__(
         self, params: Iterable[Any], lr: float = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8, weight_decay: float = 0, foreach: bool | None = None, *, maximize: bool = False,
@@ -46,8 +44,7 @@ class Adamax(Optimizer):
                                   **torch_only_flags("Adamax", foreach, capturable, differentiable)})
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-        lr, eps, beta1, beta2, wd, maximize = adam_family_hypers(group)
-        first = count_step(p, state, "exp_avg", "exp_inf")
+        first, (lr, eps, beta1, beta2, wd, maximize) = self._begin_step(p, group, state, "exp_avg", "exp_inf")
         clr = lr / (1 - beta1 ** state["step"])
 
         def kernel(pa: np.ndarray, ga: np.ndarray, m: np.ndarray, u: np.ndarray) -> None:

@@ -8,10 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._optimizer import Optimizer, count_step, fused_update
+from ._optimizer import AdamFamily, fused_update
 from ._port_common import (
-    ADAM_FAMILY_CHECKS,
-    adam_family_hypers,
     adam_moments_,
     grad_term,
     scalar_state,
@@ -22,7 +20,7 @@ from ._port_common import (
 __all__ = ["NAdam"]
 
 
-class NAdam(Optimizer):
+class NAdam(AdamFamily):
     """NAdam: Adam with Nesterov momentum and a momentum schedule.
 
     At step ``t``, as PyTorch computes it::
@@ -45,7 +43,7 @@ class NAdam(Optimizer):
         maximize: Maximize the objective.
     """
 
-    _hyper_checks = (*ADAM_FAMILY_CHECKS, ("momentum_decay", "momentum_decay value"))
+    _hyper_checks = (*AdamFamily._hyper_checks, ("momentum_decay", "momentum_decay value"))
 
     def __init__(
         self, params: Iterable[Any], lr: float = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -59,9 +57,10 @@ class NAdam(Optimizer):
                                   **torch_only_flags("NAdam", foreach, capturable, differentiable)})
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-        lr, eps, beta1, beta2, wd, maximize = adam_family_hypers(group)
+        first, (lr, eps, beta1, beta2, wd, maximize) = self._begin_step(
+            p, group, state, "exp_avg", "exp_avg_sq", mu_product=scalar_state(1.0)
+        )
         decoupled, md = bool(group["decoupled_weight_decay"]), float(group["momentum_decay"])
-        first = count_step(p, state, "exp_avg", "exp_avg_sq", mu_product=scalar_state(1.0))
         step = state["step"]
         bc2 = 1 - beta2**step
         mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * md)))

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor, capture_active, empty_like_contract, inplace, no_grad, zero_grads
-from ._port_common import check_hyper
+from ._port_common import ADAM_FAMILY_CHECKS, adam_family_hypers, check_hyper
 
-__all__ = ["Optimizer", "count_step", "fused_update", "state_like"]
+__all__ = ["AdamFamily", "Optimizer", "count_step", "fused_update", "state_like"]
 
 
 class _Required:
@@ -313,3 +313,24 @@ _TENSOR_KEYS = frozenset(
     {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg", "grad_avg", "sum",
      "acc_delta", "exp_inf", "ax", "prev", "step_size"}
 )
+
+
+class AdamFamily(Optimizer):
+    """The base of the Adam family (`Adam`, `AdamW`, `Adamax`, `NAdam`, `RAdam`): PyTorch's checks of
+    ``lr``, ``eps``, ``betas`` and ``weight_decay`` (in its order), and the bookkeeping each of their
+    updates starts with (`_begin_step`)."""
+
+    _hyper_checks: tuple[tuple[str, str], ...] = ADAM_FAMILY_CHECKS
+
+    @staticmethod
+    def _begin_step(
+        p: Tensor, group: dict[str, Any], state: dict[str, Any], *tensors: str, **scalars: float
+    ) -> tuple[bool, tuple[float, float, float, float, float, bool]]:
+        """Count one step of ``p`` (on its first, create the state ``tensors`` and ``scalars``: see
+        `count_step`).
+
+        Returns:
+            Whether this is the parameter's first step, and the group's ``(lr, eps, beta1, beta2,
+            weight_decay, maximize)`` as the update kernel uses them.
+        """
+        return count_step(p, state, *tensors, **scalars), adam_family_hypers(group)

@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 
 from ..runtime import Tensor
-from ._optimizer import Optimizer, count_step, fused_update
-from ._port_common import ADAM_FAMILY_CHECKS, adam_family_hypers, adam_moments_, grad_term, torch_only_flags
+from ._optimizer import AdamFamily, fused_update
+from ._port_common import adam_moments_, grad_term, torch_only_flags
 
 __all__ = ["RAdam"]
 
 
-class RAdam(Optimizer):
+class RAdam(AdamFamily):
     """RAdam: Adam whose adaptive step is switched on, rectified, once its variance is tractable.
 
     At step ``t``, as PyTorch computes it::
@@ -37,8 +37,6 @@ class RAdam(Optimizer):
         maximize: Maximize the objective.
     """
 
-    _hyper_checks = ADAM_FAMILY_CHECKS
-
     def __init__(
         self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8, weight_decay: float = 0, decoupled_weight_decay: bool = False, *,
@@ -50,9 +48,8 @@ class RAdam(Optimizer):
                                   **torch_only_flags("RAdam", foreach, capturable, differentiable)})
 
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-        lr, eps, beta1, beta2, wd, maximize = adam_family_hypers(group)
+        first, (lr, eps, beta1, beta2, wd, maximize) = self._begin_step(p, group, state, "exp_avg", "exp_avg_sq")
         decoupled = bool(group["decoupled_weight_decay"])
-        first = count_step(p, state, "exp_avg", "exp_avg_sq")
         step = state["step"]
         bc1 = 1 - beta1**step
         bc2 = 1 - beta2**step
