@@ -35,6 +35,22 @@ def _check_sizes(cls: str, **sizes: Any) -> None:
             raise ValueError(f"{cls}: {name} must be a positive int, got {v!r}")
 
 
+def _check_input(
+    cls: str, input: Any, what: str, ndims: tuple[int, ...], input_size: int, ndim_msg: str, size_msg: str
+) -> None:
+    """PyTorch's checks of a recurrent module's input: a Tensor (else ``TypeError``, naming ``what`` it
+    must be), with ``ndims`` dimensions and ``input_size`` features (else ``ValueError``: ``ndim_msg`` /
+    ``size_msg``, formatted with the input's ``ndim``, ``shape``, its ``size`` and the ``expected`` one)."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{cls}: input must be {what}, got {type(input).__name__}")
+    facts = {"ndim": input.ndim, "shape": input.shape, "size": input.shape[-1] if input.ndim else None,
+             "expected": input_size}
+    if input.ndim not in ndims:
+        raise ValueError(f"{cls}: " + ndim_msg.format(**facts))
+    if input.shape[-1] != input_size:
+        raise ValueError(f"{cls}: " + size_msg.format(**facts))
+
+
 class RNNBase(Module):
     """The multi-layer, optionally bidirectional recurrence behind `RNN`, `LSTM` and `GRU`."""
 
@@ -192,15 +208,11 @@ class RNNBase(Module):
         cls = type(self).__name__
         if isinstance(input, PackedSequence):
             return self._forward_packed(input, hx)
-        if not isinstance(input, Tensor):
-            raise TypeError(f"{cls}: input must be a Tensor or a PackedSequence, got {type(input).__name__}")
-        if input.ndim not in (2, 3):
-            raise ValueError(f"{cls}: Expected input to be 2D or 3D, got {input.ndim}D tensor of shape {input.shape}")
-        if input.shape[-1] != self.input_size:
-            raise ValueError(
-                f"{cls}: input.size(-1) must be equal to input_size. Expected {self.input_size}, "
-                f"got {input.shape[-1]} (input of shape {input.shape})"
-            )
+        _check_input(
+            cls, input, "a Tensor or a PackedSequence", (2, 3), self.input_size,
+            "Expected input to be 2D or 3D, got {ndim}D tensor of shape {shape}",
+            "input.size(-1) must be equal to input_size. Expected {expected}, got {size} (input of shape {shape})",
+        )
         lstm = self.mode == "lstm"
         batched = input.ndim == 3
         if not batched:
@@ -396,14 +408,10 @@ class RNNCellBase(Module):
 
     def _step(self, input: Tensor, hx: Any) -> tuple[Tensor, Tensor | None, bool]:
         cls = type(self).__name__
-        if not isinstance(input, Tensor):
-            raise TypeError(f"{cls}: input must be a Tensor, got {type(input).__name__}")
-        if input.ndim not in (1, 2):
-            raise ValueError(f"{cls}: Expected input to be 1D or 2D, got {input.ndim}D instead")
-        if input.shape[-1] != self.input_size:
-            raise ValueError(
-                f"{cls}: input has inconsistent input_size: got {input.shape[-1]} expected {self.input_size}"
-            )
+        _check_input(
+            cls, input, "a Tensor", (1, 2), self.input_size, "Expected input to be 1D or 2D, got {ndim}D instead",
+            "input has inconsistent input_size: got {size} expected {expected}",
+        )
         batched = input.ndim == 2
         x = input if batched else input.unsqueeze(0)
         n = x.shape[0]
