@@ -28,16 +28,17 @@ from ..ops import (
     dropout,
     embedding,
     group_norm,
+    huber_loss,
     interpolate,
+    kl_div,
+    l1_loss,
     layer_norm,
-    legacy_reduction,
     linear,
     max_pool2d,
     mse_loss,
     nll_loss,
-    reduce_loss,
     scaled_dot_product_attention,
-    weighted_loss,
+    smooth_l1_loss,
 )
 from ..ops import gelu as _gelu_op
 from ..runtime import Tensor
@@ -175,118 +176,6 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:
     """``min(max(x, 0), 6)`` (``hardtanh(x, 0, 6)``)."""
     return hardtanh(input, 0.0, 6.0)
-
-
-# ---- more losses -------------------------------------------------------------------------------------
-
-
-def _loss_shapes(op: str, input: Tensor, target: Any) -> Any:
-    if not isinstance(target, Tensor):
-        target = _runtime.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
-    if tuple(target.shape) != tuple(input.shape):
-        warnings.warn(
-            f"Using a target size ({tuple(target.shape)}) that is different to the input size "
-            f"({tuple(input.shape)}). This will likely lead to incorrect results due to broadcasting. "
-            "Please ensure they have the same size.",
-            stacklevel=3,
-        )
-    return target
-
-
-def l1_loss(
-    input: Tensor,
-    target: Any,
-    size_average: Any = None,
-    reduce: Any = None,
-    reduction: str = "mean",
-    weight: Tensor | None = None,
-) -> Tensor:
-    """Mean absolute error ``|input - target|`` (with ``weight``, 'mean' is ``sum(w*|d|) / sum(w)``)."""
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    target = _loss_shapes("l1_loss", input, target)
-    return weighted_loss(_ops.abs(input - target), weight, input, reduction, True)
-
-
-def smooth_l1_loss(
-    input: Tensor,
-    target: Any,
-    size_average: Any = None,
-    reduce: Any = None,
-    reduction: str = "mean",
-    beta: float = 1.0,
-) -> Tensor:
-    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (``d = input - target``)."""
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    if beta < 0:
-        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
-    target = _loss_shapes("smooth_l1_loss", input, target)
-    d = input - target
-    ad = _ops.abs(d)
-    if beta == 0.0:
-        return reduce_loss(ad, reduction)
-    loss = _ops.where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta)
-    return reduce_loss(loss, reduction)
-
-
-def huber_loss(
-    input: Tensor, target: Any, reduction: str = "mean", delta: float = 1.0, weight: Tensor | None = None
-) -> Tensor:
-    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (with ``weight``: mean of ``w*l``)."""
-    reduction = legacy_reduction(None, None, reduction)
-    if delta <= 0:
-        raise RuntimeError("huber_loss does not support non-positive values for delta.")
-    target = _loss_shapes("huber_loss", input, target)
-    d = input - target
-    ad = _ops.abs(d)
-    loss = _ops.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)
-    return weighted_loss(loss, weight, input, reduction, False)
-
-
-def _xlogy_self(t: Tensor) -> Tensor:
-    zero = t == 0
-    return _ops.where(zero, 0.0, t * _ops.log(_ops.where(zero, 1.0, t)))
-
-
-def kl_div(
-    input: Tensor,
-    target: Any,
-    size_average: Any = None,
-    reduce: Any = None,
-    reduction: str = "mean",
-    log_target: bool = False,
-) -> Tensor:
-    """KL divergence ``target * (log(target) - input)`` of log-probabilities ``input``.
-
-    Args:
-        input: Log-probabilities.
-        target: Probabilities (or log-probabilities with ``log_target=True``); differentiable.
-        reduction: ``"mean"`` (over all elements, as torch), ``"batchmean"`` (sum / batch size, the
-            mathematically correct KL), ``"sum"`` or ``"none"``.
-        log_target: Whether ``target`` holds log-probabilities.
-    """
-    if reduction == "batchmean":
-        if size_average is not None or reduce is not None:
-            reduction = legacy_reduction(size_average, reduce, "mean")
-    else:
-        reduction = legacy_reduction(size_average, reduce, reduction)
-    if reduction == "mean":
-        warnings.warn(
-            "reduction: 'mean' divides the total loss by both the batch size and the support size."
-            "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
-            "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
-            stacklevel=2,
-        )
-    if not isinstance(target, Tensor):
-        target = _runtime.tensor(np.asarray(target), dtype=input.dtype, device=input.device)
-    if log_target:
-        loss = _ops.exp(target) * (target - input)
-    else:
-        loss = _xlogy_self(target) - target * input
-    if reduction == "batchmean":
-        if input.ndim == 0:
-            return loss.sum()  # type: ignore[attr-defined,no-any-return]
-        return loss.sum() / input.shape[0]  # type: ignore[attr-defined,no-any-return]
-    return reduce_loss(loss, reduction)
 
 
 # ---- one_hot, pad, normalize ------------------------------------------------------------------------

@@ -18,7 +18,8 @@ rule namespaces (`runtime.register_xp`); `asyncgrad._tensor_methods` binds them 
     _recurrent    the fused recurrences of RNN/LSTM/GRU layers (one op per layer and direction)
     _attention    scaled_dot_product_attention
     _nn           softmax, log_softmax, gelu, embedding, layer_norm, dropout
-    _loss         cross_entropy, nll_loss, mse_loss, binary_cross_entropy_with_logits
+    _loss         cross_entropy, nll_loss, mse_loss, binary_cross_entropy(_with_logits), and nn.functional's
+                  l1_loss, smooth_l1_loss, huber_loss, kl_div
 """
 
 from ._attention import scaled_dot_product_attention as scaled_dot_product_attention
@@ -68,9 +69,14 @@ from ._linalg import linear as linear
 from ._loss import binary_cross_entropy as binary_cross_entropy
 from ._loss import binary_cross_entropy_with_logits, clip, cross_entropy, mse_loss, nll_loss
 
-# helpers nn.functional's losses share with these (not exported at the top level)
+# nn.functional's elementwise losses and the helpers its losses share with these (not exported at the
+# top level)
+from ._loss import huber_loss as huber_loss
+from ._loss import kl_div as kl_div
+from ._loss import l1_loss as l1_loss
 from ._loss import legacy_reduction as legacy_reduction
 from ._loss import reduce_loss as reduce_loss
+from ._loss import smooth_l1_loss as smooth_l1_loss
 from ._loss import weighted_loss as weighted_loss
 from ._math import (
     allclose,

@@ -1,5 +1,6 @@
 """Losses with PyTorch's names, arguments and semantics: cross_entropy, nll_loss, mse_loss,
-binary_cross_entropy_with_logits, and the reduction helpers nn.functional's losses share.
+binary_cross_entropy(_with_logits), nn.functional's l1_loss, smooth_l1_loss, huber_loss and kl_div (composed
+of elementwise ops), and the reduction helpers they share.
 
 Speed-critical ones are single ops with fused numpy kernels (cross_entropy); every backward rule is written
 against ``xp``, so all have second derivatives. Integer targets reach rules as numpy arrays through
@@ -8,6 +9,7 @@ against ``xp``, so all have second derivatives. Integer targets reach rules as n
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ from ..runtime._meta import _float_check, _index_arg, broadcast_shapes
 from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP
+from . import _elementwise as _ew
 from ._math import clamp
 from ._nn import log_softmax
 from ._shape import reshape
@@ -546,3 +549,115 @@ def binary_cross_entropy(
     if weight is not None:
         weight = weight.detach()
     return reduce_loss(apply(OP_BCE, (input, target, weight)), reduction)
+
+
+# ---- elementwise losses of nn.functional --------------------------------------------------------------
+
+
+def _loss_shapes(op: str, input: Tensor, target: Any) -> Any:
+    if not isinstance(target, Tensor):
+        target = tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+    if tuple(target.shape) != tuple(input.shape):
+        warnings.warn(
+            f"Using a target size ({tuple(target.shape)}) that is different to the input size "
+            f"({tuple(input.shape)}). This will likely lead to incorrect results due to broadcasting. "
+            "Please ensure they have the same size.",
+            stacklevel=3,
+        )
+    return target
+
+
+def l1_loss(
+    input: Tensor,
+    target: Any,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    weight: Tensor | None = None,
+) -> Tensor:
+    """Mean absolute error ``|input - target|`` (with ``weight``, 'mean' is ``sum(w*|d|) / sum(w)``)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    target = _loss_shapes("l1_loss", input, target)
+    return weighted_loss(_ew.abs(input - target), weight, input, reduction, True)
+
+
+def smooth_l1_loss(
+    input: Tensor,
+    target: Any,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
+    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (``d = input - target``)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if beta < 0:
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+    target = _loss_shapes("smooth_l1_loss", input, target)
+    d = input - target
+    ad = _ew.abs(d)
+    if beta == 0.0:
+        return reduce_loss(ad, reduction)
+    loss = _ew.where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta)
+    return reduce_loss(loss, reduction)
+
+
+def huber_loss(
+    input: Tensor, target: Any, reduction: str = "mean", delta: float = 1.0, weight: Tensor | None = None
+) -> Tensor:
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (with ``weight``: mean of ``w*l``)."""
+    reduction = legacy_reduction(None, None, reduction)
+    if delta <= 0:
+        raise RuntimeError("huber_loss does not support non-positive values for delta.")
+    target = _loss_shapes("huber_loss", input, target)
+    d = input - target
+    ad = _ew.abs(d)
+    loss = _ew.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)
+    return weighted_loss(loss, weight, input, reduction, False)
+
+
+def _xlogy_self(t: Tensor) -> Tensor:
+    zero = t == 0
+    return _ew.where(zero, 0.0, t * _ew.log(_ew.where(zero, 1.0, t)))
+
+
+def kl_div(
+    input: Tensor,
+    target: Any,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    log_target: bool = False,
+) -> Tensor:
+    """KL divergence ``target * (log(target) - input)`` of log-probabilities ``input``.
+
+    Args:
+        input: Log-probabilities.
+        target: Probabilities (or log-probabilities with ``log_target=True``); differentiable.
+        reduction: ``"mean"`` (over all elements, as torch), ``"batchmean"`` (sum / batch size, the
+            mathematically correct KL), ``"sum"`` or ``"none"``.
+        log_target: Whether ``target`` holds log-probabilities.
+    """
+    if reduction == "batchmean":
+        if size_average is not None or reduce is not None:
+            reduction = legacy_reduction(size_average, reduce, "mean")
+    else:
+        reduction = legacy_reduction(size_average, reduce, reduction)
+    if reduction == "mean":
+        warnings.warn(
+            "reduction: 'mean' divides the total loss by both the batch size and the support size."
+            "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+            "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+            stacklevel=2,
+        )
+    if not isinstance(target, Tensor):
+        target = tensor(np.asarray(target), dtype=input.dtype, device=input.device)
+    if log_target:
+        loss = _ew.exp(target) * (target - input)
+    else:
+        loss = _xlogy_self(target) - target * input
+    if reduction == "batchmean":
+        if input.ndim == 0:
+            return loss.sum()  # type: ignore[attr-defined,no-any-return]
+        return loss.sum() / input.shape[0]  # type: ignore[attr-defined,no-any-return]
+    return reduce_loss(loss, reduction)
