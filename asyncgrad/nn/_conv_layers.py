@@ -160,7 +160,11 @@ class Conv1d(_ConvNd):
 
 
 class _ConvTransposeNd(_ConvNd):
+    """What the transposed convolutions share: the constructor, ``output_size`` and ``forward`` (on the
+    functional of their dimension, ``_conv``)."""
+
     _transposed = True
+    _conv: Any  # the functional, set by each subclass
 
     def __init__(
         self,
@@ -193,6 +197,12 @@ class _ConvTransposeNd(_ConvNd):
             input.shape[-nd:], size, self.kernel_size, self.stride, self.padding, self.dilation
         )
 
+    def forward(self, input: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
+        op = self._out_pad(input, output_size)
+        return self._conv(  # type: ignore[no-any-return]
+            input, self.weight, self.bias, self.stride, self.padding, op, self.groups, self.dilation
+        )
+
 
 class ConvTranspose2d(_ConvTransposeNd):
     """2-d transposed convolution (PyTorch's ``ConvTranspose2d``); weight ``(C_in, C_out / groups, kH, kW)``.
@@ -215,24 +225,14 @@ class ConvTranspose2d(_ConvTransposeNd):
     """
 
     _nd = 2
-
-    def forward(self, input: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
-        op = self._out_pad(input, output_size)
-        return conv_transpose2d(
-            input, self.weight, self.bias, self.stride, self.padding, op, self.groups, self.dilation
-        )
+    _conv = staticmethod(conv_transpose2d)
 
 
 class ConvTranspose1d(_ConvTransposeNd):
     """1-d transposed convolution (PyTorch's ``ConvTranspose1d``); weight ``(C_in, C_out / groups, K)``."""
 
     _nd = 1
-
-    def forward(self, input: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
-        op = self._out_pad(input, output_size)
-        return conv_transpose1d(
-            input, self.weight, self.bias, self.stride, self.padding, op, self.groups, self.dilation
-        )
+    _conv = staticmethod(conv_transpose1d)
 
 
 class GroupNorm(Module):
