@@ -181,7 +181,43 @@ def _ln_meta(x: Tensor, w: Any, b: Any, axes: tuple[int, ...], eps: float) -> An
     return x.shape, x.dtype
 
 
+_LN_BLAS = (np.dtype(np.float32), np.dtype(np.float64))  # dtypes whose row reductions BLAS runs
+
+
+def _ln_rows(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` as (rows, normalized size) and the row-mean weights (1/n each, x's dtype).
+
+    Row reductions run as BLAS matrix-vector products with these weights: numpy's reduction over a short
+    last axis runs one inner loop per row (the char GPT's (256, 32) rows: 9.5 us a mean against 1.2)."""
+    n = math.prod(x.shape[axes[0] :])
+    rows = x.reshape(-1, n)
+    return rows, np.full(n, 1.0 / max(n, 1), x.dtype)
+
+
+def _ln_stats(rows: np.ndarray, mean_w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The centred rows and each row's 1/std, (rows, 1)."""
+    xc = rows - (rows @ mean_w)[:, None]
+    rstd = np.square(xc) @ mean_w
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    return xc, rstd[:, None]
+
+
 def _ln_kernel(x: np.ndarray, w: Any, b: Any, axes: tuple[int, ...], eps: float) -> np.ndarray:
+    if x.dtype not in _LN_BLAS:
+        return _ln_kernel_general(x, w, b, axes, eps)
+    rows, mean_w = _ln_rows(x, axes)
+    xc, rstd = _ln_stats(rows, mean_w, eps)
+    xc *= rstd
+    if w is not None:
+        xc *= w.reshape(-1)
+    if b is not None:
+        xc += b.reshape(-1)
+    return xc.reshape(x.shape)
+
+
+def _ln_kernel_general(x: np.ndarray, w: Any, b: Any, axes: tuple[int, ...], eps: float) -> np.ndarray:
     mu = x.mean(axes, keepdims=True)
     xc = x - mu
     var = np.mean(np.square(xc), axes, keepdims=True)
@@ -219,7 +255,38 @@ def _ln_grads_np(
     g: np.ndarray, x: np.ndarray, w: Any, axes: tuple[int, ...], eps: float, needs: Any
 ) -> tuple[Any, ...]:
     """`_ln_rule` on arrays: x's statistics recomputed once, temporaries reused in place, the input's dtype kept
-    (float32 stays float32), and the weight and bias gradients summed over the leading dims here."""
+    (float32 stays float32), and the weight and bias gradients summed over the leading dims here. Row means
+    and the sums over the rows are BLAS matrix-vector products (see `_ln_rows`)."""
+    if x.dtype not in _LN_BLAS or np.result_type(g, x) not in _LN_BLAS:
+        return _ln_grads_general(g, x, w, axes, eps, needs)
+    rows, mean_w = _ln_rows(x, axes)
+    xhat, rstd = _ln_stats(rows, mean_w, eps)
+    xhat *= rstd
+    gr = g.reshape(rows.shape)
+    lead = axes[0] > 0
+    ones = np.ones(rows.shape[0], gr.dtype) if lead else None
+    gx = gw = gb = None
+    if needs[0]:
+        gy = gr * w.reshape(-1) if w is not None else gr
+        m1 = gy @ mean_w
+        t = gy * xhat
+        m2 = t @ mean_w
+        gx = np.multiply(xhat, m2[:, None], out=t)
+        np.subtract(gy, gx, out=gx)
+        gx -= m1[:, None]
+        gx *= rstd
+        gx = gx.reshape(x.shape)
+    if needs[1]:
+        gw = ones @ (gr * xhat) if ones is not None else (gr * xhat).reshape(x.shape)
+        gw = gw.reshape(x.shape[axes[0] :])
+    if needs[2]:
+        gb = (ones @ gr).reshape(x.shape[axes[0] :]) if ones is not None else g
+    return (gx, gw, gb)
+
+
+def _ln_grads_general(
+    g: np.ndarray, x: np.ndarray, w: Any, axes: tuple[int, ...], eps: float, needs: Any
+) -> tuple[Any, ...]:
     xc = x - x.mean(axes, keepdims=True)
     rstd = np.square(xc).mean(axes, keepdims=True)
     rstd += eps
