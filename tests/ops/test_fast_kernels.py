@@ -1,7 +1,8 @@
 """The W9 kernel fast paths (issue 21): each one against the general path or PyTorch, and its gradient in
 float64 against finite differences where it has one of its own.
 
-- float32 erf (``ops/_math._erf32``, used by GELU) against the exact erf;
+- float32 erf (``ops/_math._erf32``, used by GELU) against the exact erf; GELU's float32 backward from its
+  saved output;
 - conv2d with 1-3 NCHW input channels (forward and weight gradient as per-image GEMMs), and NCHW inputs
   run image block by image block (forward and both gradients);
 - max_pool2d's backward for tiling windows (stride == kernel), incl. odd sizes, ties and inf gradients;
@@ -52,6 +53,21 @@ async def test_gelu_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
         assert y.dtype == np.float32 and g.dtype == np.float32
         np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), atol=2e-6, rtol=1e-5)
         np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), atol=2e-6, rtol=1e-5)
+
+
+async def test_gelu_float32_backward_from_output_edges(rt: Any, rng: np.random.Generator) -> None:
+    """The float32 backward reads cdf off the saved output (out / a): zero, denormal and tiny inputs take the
+    limit 1/2, large ones saturate; against torch's float64 gradient."""
+    with trio.fail_after(T):
+        edges = [0.0, -0.0, 1e-39, -1e-39, 1e-30, -1e-20, 1e-7, -6.0, 6.0, -20.0, 20.0]
+        a = np.concatenate([edges, rng.standard_normal(500) * 4]).astype(np.float32)
+        x = ag.tensor(a, requires_grad=True)
+        gw = rng.standard_normal(a.shape).astype(np.float32)
+        (g,) = await ag.grad((ag.nn.functional.gelu(x) * ag.tensor(gw)).sum(), [x])
+        tx = torch.tensor(a.astype(np.float64), requires_grad=True)
+        (F.gelu(tx) * torch.tensor(gw.astype(np.float64))).sum().backward()
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), atol=3e-6, rtol=1e-5)
 
 
 FEW = [
