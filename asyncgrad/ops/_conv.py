@@ -275,8 +275,48 @@ def _nchw_input_grad(
     return dx
 
 
+def _nchw_input_grad_wide(
+    g: np.ndarray, w: np.ndarray, x_shape: tuple[int, ...], geom: Geom, dt: Any
+) -> np.ndarray:
+    """`_nchw_input_grad` for stride 1, without its short rows: ``g`` widened to the padded input's width Wp
+    (zeros past Wo) makes every tap's block of the product one (C, (Ho-1)*Wp + Wo) run that lands, shifted by
+    the tap's offset, on the flat (C, Hp*Wp) image: each col2im add runs over rows of ~Ho*Wp elements instead
+    of Wo (the zeros of the widened g add nothing where a run wraps into the next row). 8% more GEMM work for
+    W9's conv2 (Wp / Wo = 26 / 24), and a third less time (col2im's short rows dominated it)."""
+    n, c, h, wd = x_shape
+    o, _, kh, kw = w.shape
+    ho, wo = g.shape[2:]
+    pt, pb, pl, pr = geom["padding"]
+    dh, dw = geom["dilation"]
+    hp, wp = h + pt + pb, wd + pl + pr
+    padded = bool(pt or pb or pl or pr)
+    run, p = (ho - 1) * wp + wo, ho * wp
+    kk = kh * kw * c
+    wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kk, o), dtype=dt)  # rows (kh, kw, C)
+    step = _block(n, (kk * p + o * p + (c * hp * wp if padded else 0)) * dt.itemsize)
+    gw = np.zeros((step, o, ho, wp), dt)
+    prod = np.empty((step, kk, p), dt)
+    pbuf = np.empty((step, c, hp * wp), dt) if padded else None
+    dx = np.empty(x_shape, dt)
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        m = e - s
+        np.copyto(gw[:m, :, :, :wo], g[s:e])
+        d = np.matmul(wt, gw[:m].reshape(m, o, p), out=prod[:m]).reshape(m, kh, kw, c, p)
+        dst = dx[s:e].reshape(m, c, h * wd) if pbuf is None else pbuf[:m]
+        dst.fill(0)
+        for i in range(kh):
+            for j in range(kw):
+                off = i * dh * wp + j * dw
+                dst[:, :, off : off + run] += d[:, i, j, :, :run]
+        if pbuf is not None:
+            np.copyto(dx[s:e], pbuf[:m].reshape(m, c, hp, wp)[:, :, pt : pt + h, pl : pl + wd])
+    return dx
+
+
 def _nchw_weight_grad(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], geom: Geom, dt: Any) -> np.ndarray:
-    """Per image g (O, Ho*Wo) @ columns^T (Ho*Wo, K), summed over the images block by block."""
+    """Per image columns (K, Ho*Wo) @ g^T (Ho*Wo, O), summed over the images block by block. (K, O) is the
+    product OpenBLAS runs faster than (O, K) = g @ columns^T here: W9's conv2 22.7 -> 18.9 ms, same sums.)"""
     n = x.shape[0]
     o, c, kh, kw = w_shape
     ho, wo = g.shape[2:]
@@ -285,15 +325,15 @@ def _nchw_weight_grad(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], ge
     gm = g.reshape(n, o, p)
     step = _block(n, k * p * dt.itemsize)
     buf = np.empty((step, c, kh, kw, ho, wo), dt)
-    part = np.empty((step, o, k), dt)
-    dw = np.zeros((o, k), dt)
+    part = np.empty((step, k, o), dt)
+    dwt = np.zeros((k, o), dt)
     for s in range(0, n, step):
         e = min(n, s + step)
         cols = buf[: e - s]
         np.copyto(cols, win[s:e])
-        prod = np.matmul(gm[s:e], cols.reshape(e - s, k, p).transpose(0, 2, 1), out=part[: e - s])
-        dw += prod.sum(0) if e - s > 1 else prod[0]
-    return dw.reshape(w_shape)
+        prod = np.matmul(cols.reshape(e - s, k, p), gm[s:e].transpose(0, 2, 1), out=part[: e - s])
+        dwt += prod.sum(0) if e - s > 1 else prod[0]
+    return np.ascontiguousarray(dwt.T).reshape(w_shape)
 
 
 # Depthwise convolutions (groups == in_channels == out_channels) have too little work per group for an
@@ -344,6 +384,8 @@ def conv2d_input_grad_kernel(
     dt = np.result_type(g.dtype, w.dtype)
     if _nchw_blocked(c, groups, ho, wo, cl):
         geom = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+        if tuple(stride) == (1, 1):
+            return _nchw_input_grad_wide(g, w, tuple(x_shape), geom, dt)
         return _nchw_input_grad(g, w, tuple(x_shape), geom, dt)
     dxp = np.zeros((n, h + pt + pb, wd + pl + pr, c), dt)
     if _is_depthwise(w, groups):
