@@ -17,18 +17,22 @@ from ..runtime._tensor import Tensor
 from ..runtime._xp import NP, register_xp
 from ._index import index_add
 from ._math import _erf
+from ._rows import row_max, row_sum
 
 
 def _softmax_kernel(a: np.ndarray, axis: int) -> np.ndarray:
-    z = a - np.max(a, axis=axis, keepdims=True)
-    e = np.exp(z)
-    e /= np.sum(e, axis=axis, keepdims=True)
+    last = axis in (-1, a.ndim - 1)
+    z = a - (row_max(a) if last else np.max(a, axis=axis, keepdims=True))
+    e = np.exp(z, out=z)
+    e /= row_sum(e) if last else np.sum(e, axis=axis, keepdims=True)
     return e
 
 
 def _log_softmax_kernel(a: np.ndarray, axis: int) -> np.ndarray:
-    z = a - np.max(a, axis=axis, keepdims=True)
-    z -= np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+    last = axis in (-1, a.ndim - 1)
+    z = a - (row_max(a) if last else np.max(a, axis=axis, keepdims=True))
+    e = np.exp(z)
+    z -= np.log(row_sum(e) if last else np.sum(e, axis=axis, keepdims=True))
     return z
 
 

@@ -6,7 +6,8 @@ float64 against finite differences where it has one of its own.
 - conv2d with 1-3 NCHW input channels (forward and weight gradient as per-image GEMMs), and NCHW inputs
   run image block by image block (forward and both gradients);
 - max_pool2d's backward for tiling windows (stride == kernel), incl. odd sizes, ties and inf gradients;
-- layer_norm's fused numpy backward; scaled_dot_product_attention's in-place softmax (causal, masks);
+- layer_norm's fused numpy backward; the short-row max and sum (``ops/_rows``) of softmax, attention and
+  cross-entropy; scaled_dot_product_attention's in-place softmax (causal, masks);
 - linear with leading dims (one 2-D GEMM) and the in-place LSTM gates, float32 vs torch.
 """
 
@@ -70,6 +71,23 @@ async def test_gelu_float32_backward_from_output_edges(rt: Any, rng: np.random.G
         np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), atol=3e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(16, 2, 16, 16), (256, 65), (40, 3), (5, 7), (64, 1), (33, 256), (8, 300)])
+def test_row_max_and_sum_match_numpy(shape: Any, rng: np.random.Generator) -> None:
+    from asyncgrad.ops._rows import row_max, row_sum
+
+    for dt in (np.float32, np.float64):
+        a = rng.standard_normal(shape).astype(dt)
+        a.reshape(-1, shape[-1])[::3, 1:] = -np.inf  # causal-style rows, with their finite first column
+        a.reshape(-1, shape[-1])[-1, 0] = np.nan  # NaN wins the max, as in np.max
+        for v in (a, np.swapaxes(a, 0, -1).copy().swapaxes(0, -1)):  # contiguous and not
+            np.testing.assert_array_equal(row_max(v), np.max(v, axis=-1, keepdims=True))
+        b = rng.standard_normal(shape).astype(dt)
+        got = row_sum(b)
+        assert got.dtype == dt and got.shape == (*shape[:-1], 1)
+        np.testing.assert_allclose(got, np.sum(b, axis=-1, keepdims=True), rtol=1e-5 if dt == np.float32 else 1e-12,
+                                   atol=1e-5 if dt == np.float32 else 1e-12)
+
+
 FEW = [
     ((2, 1, 9, 8), (4, 1, 3, 3), {}),
     ((2, 3, 9, 9), (5, 3, 3, 2), {"stride": 2, "padding": 1}),
@@ -93,6 +111,7 @@ BLOCKED = [
     ((3, 5, 7, 8), (4, 5, 3, 3), {}),
     ((3, 4, 9, 9), (6, 4, 3, 2), {"stride": 2, "padding": 1}),
     ((2, 6, 10, 9), (3, 6, 2, 3), {"dilation": (2, 1), "padding": (1, 2), "stride": (1, 2)}),
+    ((2, 5, 9, 10), (3, 5, 3, 2), {"dilation": (2, 1), "padding": (1, 2)}),  # stride 1: the widened col2im
 ]
 
 
