@@ -24,6 +24,7 @@ from ._elementwise import exp, where
 from ._linalg import matmul
 from ._math import isfinite
 from ._reduce import amax
+from ._rows import row_max, row_sum
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -43,14 +44,14 @@ def _weights(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None, kw: dict[str
     if kw["causal"]:
         ll, ss = s.shape[-2:]
         np.copyto(s, -np.inf, where=_above_diagonal(ll, ss))
-    m = np.max(s, axis=-1, keepdims=True)
+    m = row_max(s)
     if mask is not None or not np.isfinite(m).all():  # a row may have every key masked: its weights are 0
         dead = ~np.isfinite(m)
         if dead.any():
             m[dead] = 0.0
     s -= m
     p = np.exp(s, out=s)
-    tot = np.sum(p, axis=-1, keepdims=True)
+    tot = row_sum(p)
     if mask is not None:
         tot[tot == 0] = 1.0
     p /= tot
@@ -105,7 +106,7 @@ def _sdpa_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     if kw["p"] > 0:
         dp *= _keep(p.shape, kw)
     # softmax backward, in place in dp: ds = p * (dp - sum(dp * p)); masked entries stay 0
-    dot = np.sum(np.multiply(dp, p), axis=-1, keepdims=True)
+    dot = row_sum(np.multiply(dp, p))
     dp -= dot
     dp *= p
     ds = dp

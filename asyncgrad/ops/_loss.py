@@ -23,6 +23,7 @@ from ..runtime._xp import NP
 from . import _elementwise as _ew
 from ._math import clamp
 from ._nn import log_softmax
+from ._rows import row_max, row_sum
 from ._shape import reshape
 
 # ---- embedding --------------------------------------------------------------------------------------
@@ -196,10 +197,10 @@ def _ce_fast(x: np.ndarray, t: np.ndarray, ignore_index: int) -> np.ndarray | No
         return None
     buf = np.empty(1 + n * c, x.dtype)
     p = buf[1:].reshape(n, c)
-    np.subtract(x, x.max(1, keepdims=True), out=p)
+    np.subtract(x, row_max(x), out=p)
     picked = p[np.arange(n), t].sum()
     np.exp(p, out=p)
-    s = p.sum(1, keepdims=True)
+    s = row_sum(p)
     buf[0] = (np.log(s).sum() - picked) / n
     p /= s
     return buf[:1].reshape(())

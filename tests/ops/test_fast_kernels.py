@@ -1,10 +1,13 @@
 """The W9 kernel fast paths (issue 21): each one against the general path or PyTorch, and its gradient in
 float64 against finite differences where it has one of its own.
 
-- float32 erf (``ops/_math._erf32``, used by GELU) against the exact erf;
-- conv2d with 1-3 NCHW input channels (forward and weight gradient as per-image GEMMs);
+- float32 erf (``ops/_math._erf32``, used by GELU) against the exact erf; GELU's float32 backward from its
+  saved output;
+- conv2d with 1-3 NCHW input channels (forward and weight gradient as per-image GEMMs), and NCHW inputs
+  run image block by image block (forward and both gradients);
 - max_pool2d's backward for tiling windows (stride == kernel), incl. odd sizes, ties and inf gradients;
-- layer_norm's fused numpy backward; scaled_dot_product_attention's in-place softmax (causal, masks);
+- layer_norm's fused numpy backward; the short-row max and sum (``ops/_rows``) of softmax, attention and
+  cross-entropy; scaled_dot_product_attention's in-place softmax (causal, masks);
 - linear with leading dims (one 2-D GEMM) and the in-place LSTM gates, float32 vs torch.
 """
 
@@ -53,6 +56,38 @@ async def test_gelu_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
         np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), atol=2e-6, rtol=1e-5)
 
 
+async def test_gelu_float32_backward_from_output_edges(rt: Any, rng: np.random.Generator) -> None:
+    """The float32 backward reads cdf off the saved output (out / a): zero, denormal and tiny inputs take the
+    limit 1/2, large ones saturate; against torch's float64 gradient."""
+    with trio.fail_after(T):
+        edges = [0.0, -0.0, 1e-39, -1e-39, 1e-30, -1e-20, 1e-7, -6.0, 6.0, -20.0, 20.0]
+        a = np.concatenate([edges, rng.standard_normal(500) * 4]).astype(np.float32)
+        x = ag.tensor(a, requires_grad=True)
+        gw = rng.standard_normal(a.shape).astype(np.float32)
+        (g,) = await ag.grad((ag.nn.functional.gelu(x) * ag.tensor(gw)).sum(), [x])
+        tx = torch.tensor(a.astype(np.float64), requires_grad=True)
+        (F.gelu(tx) * torch.tensor(gw.astype(np.float64))).sum().backward()
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), atol=3e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(16, 2, 16, 16), (256, 65), (40, 3), (5, 7), (64, 1), (33, 256), (8, 300)])
+def test_row_max_and_sum_match_numpy(shape: Any, rng: np.random.Generator) -> None:
+    from asyncgrad.ops._rows import row_max, row_sum
+
+    for dt in (np.float32, np.float64):
+        a = rng.standard_normal(shape).astype(dt)
+        a.reshape(-1, shape[-1])[::3, 1:] = -np.inf  # causal-style rows, with their finite first column
+        a.reshape(-1, shape[-1])[-1, 0] = np.nan  # NaN wins the max, as in np.max
+        for v in (a, np.swapaxes(a, 0, -1).copy().swapaxes(0, -1)):  # contiguous and not
+            np.testing.assert_array_equal(row_max(v), np.max(v, axis=-1, keepdims=True))
+        b = rng.standard_normal(shape).astype(dt)
+        got = row_sum(b)
+        assert got.dtype == dt and got.shape == (*shape[:-1], 1)
+        np.testing.assert_allclose(got, np.sum(b, axis=-1, keepdims=True), rtol=1e-5 if dt == np.float32 else 1e-12,
+                                   atol=1e-5 if dt == np.float32 else 1e-12)
+
+
 FEW = [
     ((2, 1, 9, 8), (4, 1, 3, 3), {}),
     ((2, 3, 9, 9), (5, 3, 3, 2), {"stride": 2, "padding": 1}),
@@ -70,6 +105,57 @@ async def test_conv2d_few_channels_fd(xs: Any, ws: Any, kw: Any, rng: np.random.
             )
             await vs_torch(lambda x, w, b: ag.conv2d(x, w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw),
                            x, w, b)
+
+
+BLOCKED = [
+    ((3, 5, 7, 8), (4, 5, 3, 3), {}),
+    ((3, 4, 9, 9), (6, 4, 3, 2), {"stride": 2, "padding": 1}),
+    ((2, 6, 10, 9), (3, 6, 2, 3), {"dilation": (2, 1), "padding": (1, 2), "stride": (1, 2)}),
+    ((2, 5, 9, 10), (3, 5, 3, 2), {"dilation": (2, 1), "padding": (1, 2)}),  # stride 1: the widened col2im
+]
+
+
+@pytest.mark.parametrize("per_block", [1, 2, 64])
+@pytest.mark.parametrize("xs,ws,kw", BLOCKED)
+async def test_conv2d_nchw_blocked_fd(
+    xs: Any, ws: Any, kw: Any, per_block: int, rng: np.random.Generator, monkeypatch: Any
+) -> None:
+    """The image-block NCHW path (forward, input and weight gradients) with blocks of 1, 2 and all images
+    (the last block short), on images small enough for a float64 gradcheck."""
+    from asyncgrad.ops import _conv
+
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    k = ws[1] * ws[2] * ws[3]
+    pixels = math.prod(F.conv2d(torch.tensor(x), torch.tensor(w), **kw).shape[2:])
+    monkeypatch.setattr(_conv, "_MIN_PIXELS", 1)
+    monkeypatch.setattr(_conv, "_BLOCK_BYTES", per_block * k * pixels * 8)  # the columns of per_block images
+    assert _conv._block(xs[0], k * pixels * 8) == min(per_block, xs[0])
+    with trio.fail_after(T):
+        async with ag.open_runtime():
+            await ag.autograd.gradcheck(
+                lambda x, w, b: ag.conv2d(x, w, b, **kw), [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=3
+            )
+            await vs_torch(lambda x, w, b: ag.conv2d(x, w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw),
+                           x, w, b)
+
+
+async def test_conv2d_mnist_conv2_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+    """W9's second MNIST conv (32 -> 64 channels on 26x26, several image blocks) in float32."""
+    with trio.fail_after(T):
+        xa = rng.standard_normal((6, 32, 26, 26)).astype(np.float32)
+        wa = (rng.standard_normal((64, 32, 3, 3)) * 0.05).astype(np.float32)
+        ba = rng.standard_normal(64).astype(np.float32)
+        x, w, b = (ag.tensor(a, requires_grad=True) for a in (xa, wa, ba))
+        y = ag.conv2d(x, w, b)
+        ga = rng.standard_normal(y.shape).astype(np.float32)
+        grads = await ag.grad((y * ag.tensor(ga)).sum(), [x, w, b])
+        tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (xa, wa, ba))
+        ty = F.conv2d(tx, tw, tb)
+        (ty * torch.tensor(ga)).sum().backward()
+        assert y.dtype == np.float32 and all(g.dtype == np.float32 for g in grads)
+        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), atol=2e-5, rtol=1e-5)
+        for g, t in zip(grads, (tx, tw, tb)):
+            np.testing.assert_allclose(g.numpy(), t.grad.numpy(), atol=2e-3, rtol=1e-4)
 
 
 async def test_conv2d_mnist_conv1_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
