@@ -319,8 +319,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     r = out["contenders"].get("asyncgrad, loss read (async)", {})
     if "p99_ms" in r:
         ok = r["p99_ms"] <= 1 and r["max_ms"] <= 10
+        busy = r.get("other_processes_cores", float("nan"))
+        cond = (f"; other processes kept {busy:.2f} cores busy meanwhile: not the idle cores the bar assumes"
+                if busy > 0.25 else "")
         say(f"  target (loss read every step, async form): p99 <= 1 ms, max <= 10 ms -> p99 {r['p99_ms']:.2f}, "
-            f"max {r['max_ms']:.2f} ({'met' if ok else 'NOT met'})")
+            f"max {r['max_ms']:.2f} ({'met' if ok else 'NOT met'}{cond})")
     if "p99_ms" in a:
         ok = a["p99_ms"] <= 5 and a["max_ms"] <= 20 and a["throughput_ratio"] >= 0.9
         say(f"  target (asyncgrad default lanes): p99 <= 5 ms, max <= 20 ms, throughput >= 0.9x -> "
