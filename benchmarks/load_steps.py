@@ -2,7 +2,9 @@
 
 Loads: none; one outside busy process (a pure-Python loop in a subprocess); torch training an MLP in a
 thread of this process (torch's own intra-op threads). For each load the contenders run interleaved,
-each a few timed repeats of N steps: numpy by hand (the floor), asyncgrad with the default
+each a few timed repeats of N steps: numpy by hand (the floor; also shown on one BLAS thread, beside
+the bar's default-threads floor, since a multi-threaded BLAS call stalls when one of its threads waits
+for a core and the default floor then swings with the load), asyncgrad with the default
 ``lane_nice`` and with ``lane_nice=10`` (the old default), so the ratio to numpy is a same-run figure.
 
 Small CNN: conv 1->16 3x3 (batch 64, 28x28, float32), ReLU, linear 10816->10, softmax cross-entropy,
@@ -95,15 +97,24 @@ class AgCNN:
             await p.ready()
 
 
-def numpy_time(kind: str, steps: int) -> float:
+def numpy_time(kind: str, steps: int, blas_threads: int | None = None) -> float:
+    """Seconds per numpy step; with ``blas_threads``, BLAS limited to that many threads meanwhile."""
+    from contextlib import nullcontext
+
     from w1_mlp_step import NumpyMLP
 
-    m: Any = NumpyMLP() if kind == "W1" else NumpyCNN()
-    m.step()
-    t = time.perf_counter()
-    for _ in range(steps):
+    limit: Any = nullcontext()
+    if blas_threads is not None:
+        from threadpoolctl import threadpool_limits
+
+        limit = threadpool_limits(blas_threads, user_api="blas")
+    with limit:
+        m: Any = NumpyMLP() if kind == "W1" else NumpyCNN()
         m.step()
-    return (time.perf_counter() - t) / steps
+        t = time.perf_counter()
+        for _ in range(steps):
+            m.step()
+        return (time.perf_counter() - t) / steps
 
 
 def ag_time(kind: str, steps: int, **opts: Any) -> float:
@@ -205,6 +216,9 @@ def run(quick: bool = False, loads: tuple[str, ...] = ("none", "busy process", "
                 n = steps[kind]
                 contenders: dict[str, Any] = {
                     "numpy": lambda k=kind, n=n: numpy_time(k, n),
+                    # the floor on one BLAS thread: shows when the default floor's own multi-threaded
+                    # BLAS stalls (a barrier across its threads while one of them waits for a core)
+                    "numpy 1 BLAS thread": lambda k=kind, n=n: numpy_time(k, n, 1),
                     "asyncgrad (default)": lambda k=kind, n=n: ag_time(k, n),
                     "asyncgrad lane_nice=10": lambda k=kind, n=n: ag_time(k, n, lane_nice=10),
                 }
@@ -212,12 +226,13 @@ def run(quick: bool = False, loads: tuple[str, ...] = ("none", "busy process", "
                 med = {c: median(v) if isinstance(v, list) and v else float("nan") for c, v in res.items()}
                 out[f"{load}/{kind}"] = {c: v * 1e3 for c, v in med.items()}
                 rows.append([
-                    load, kind, fmt(med["numpy"] * 1e3),
+                    load, kind, fmt(med["numpy"] * 1e3), fmt(med["numpy 1 BLAS thread"] * 1e3),
                     fmt(med["asyncgrad (default)"] * 1e3), fmt(med["asyncgrad (default)"] / med["numpy"]),
                     fmt(med["asyncgrad lane_nice=10"] * 1e3), fmt(med["asyncgrad lane_nice=10"] / med["numpy"]),
                 ])
                 say(f"  {load}/{kind}: " + ", ".join(f"{c} {v * 1e3:.2f} ms" for c, v in med.items()))
-    say(table(["load", "step", "numpy ms", "ag default ms", "x numpy", "ag nice=10 ms", "x numpy"], rows))
+    say(table(["load", "step", "numpy ms", "np 1-thr ms", "ag default ms", "x numpy", "ag nice=10 ms", "x numpy"],
+              rows))
     return out
 
 

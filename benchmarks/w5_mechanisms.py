@@ -21,8 +21,9 @@ one thing:
 - blastimeout: ``OPENBLAS_THREAD_TIMEOUT=4`` (OpenBLAS's pool threads sleep almost at once instead of
   spinning; read when OpenBLAS loads, so set in the child's environment);
 - loopnice (priv): the loop thread at nice -10.
-Figures: heartbeat lateness p50/p99/max (ms), training seconds with the heartbeat, and the load average
-at the run's start.
+Figures: heartbeat lateness p50/p99/max (ms), training seconds with the heartbeat, the load average
+at the run's start, the cores other processes kept busy during the run, and the share of the worst 1%
+of ticks the loop spent runnable without a core (W5's `RunQueueClock`).
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ def child(mode: str, steps: int) -> dict[str, Any]:
         sys.setswitchinterval(0.0005)
     X, W0 = w5.arrays()
 
-    def once(hb: bool) -> tuple[list[float], float]:
+    def once(hb: bool) -> tuple[list[float], dict[str, float]]:
         late: list[float] = []
         busy: list[float] = []
+        waits: list[float] = []
         rec: dict[str, float] = {}
 
         async def main() -> None:
@@ -130,23 +132,26 @@ def child(mode: str, steps: int) -> dict[str, Any]:
                 done = trio.Event()
 
                 async def trainer() -> None:
+                    others = w5.OthersBusy()
                     rec["t"] = await w5.ag_train(steps, model, True)
+                    rec["others"] = others.cores()
                     done.set()
 
                 async with trio.open_nursery() as n:
                     if hb:
-                        n.start_soon(w5.heartbeat, late, busy, done)
+                        n.start_soon(w5.heartbeat, late, busy, done, waits)
                     n.start_soon(trainer)
 
         trio.run(main, instruments=instruments)
-        return late, rec["t"]
+        rec["runq"] = w5.tail_runq_share(late, waits, w5.TICK)
+        return late, rec
 
     once(False)  # warm-up
     load = os.getloadavg()[0]
-    late, t_hb = once(True)
+    late, r = once(True)
     ms = sorted(x * 1e3 for x in late)
     return {"mode": mode, "p50": ms[len(ms) // 2], "p99": ms[int(len(ms) * 0.99)], "max": ms[-1],
-            "ticks": len(ms), "train_s": t_hb, "load": load}
+            "ticks": len(ms), "train_s": r["t"], "load": load, "others": r["others"], "tail_runq": r["runq"]}
 
 
 def run(quick: bool = False, modes: list[str] | None = None) -> dict[str, Any]:
@@ -169,7 +174,8 @@ def run(quick: bool = False, modes: list[str] | None = None) -> dict[str, Any]:
             d = json.loads(p.stdout.strip().splitlines()[-1])
             res[m].append(d)
             say(f"  {m}: p99 {d['p99']:.2f} ms, max {d['max']:.1f} ms, train {d['train_s']:.1f} s, "
-                f"load {d['load']:.1f}")
+                f"load {d['load']:.1f}, other processes' cores {d['others']:.2f}, worst 1% of ticks "
+                f"{d['tail_runq'] * 100:.0f}% waiting for a core")
     rows = []
     out: dict[str, Any] = {"steps": steps, "rounds": rounds, "mechanisms": res}
     for m, ds in res.items():
@@ -178,8 +184,10 @@ def run(quick: bool = False, modes: list[str] | None = None) -> dict[str, Any]:
             continue
         rows.append([m, fmt(median([d["p50"] for d in ds])), fmt(median([d["p99"] for d in ds])),
                      fmt(median([d["max"] for d in ds])), fmt(max(d["max"] for d in ds)),
-                     fmt(median([d["train_s"] for d in ds])), fmt(median([d["load"] for d in ds]))])
-    say(table(["mechanism", "p50 ms", "p99 ms", "max ms", "worst max", "train s", "load"], rows))
+                     fmt(median([d["train_s"] for d in ds])), fmt(median([d["load"] for d in ds])),
+                     fmt(median([d["others"] for d in ds])), f"{median([d['tail_runq'] for d in ds]) * 100:.0f}%"])
+    say(table(["mechanism", "p50 ms", "p99 ms", "max ms", "worst max", "train s", "load", "others' cores",
+               "tail runq"], rows))
     return out
 
 

@@ -24,6 +24,12 @@ is a barrier across its threads, so with one of them waiting for a core every ca
 slowest (measured under load ~13 on 2 cores: a 64x256x256 product took 7.7 ms on 2 threads against
 0.53 ms on 1, and W3's lone training ran 20x slower than two beside each other).
 
+Threads of this process that are not the runtime's (a torch training in a thread, a user's worker
+thread) count as other processes do: only the lanes, the loops that run devices and OpenBLAS's own
+pool (the threads found when this module loads) are this runtime's (`own_threads`). Counted as ours,
+one busy torch thread beside a lone training made it take both cores' BLAS threads and stall with
+every call (LOAD's torch-thread rows).
+
 Only OpenBLAS with its own pthreads pool is boosted: with an OpenMP or MKL BLAS the count is per thread
 or managed elsewhere, and `boost_available()` is False (kernels then split across lanes instead).
 """
@@ -35,6 +41,8 @@ import os
 import threading
 import time
 from typing import Any
+
+import numpy  # noqa: F401  (loads OpenBLAS, which starts its pool threads: see `_POOL`)
 
 _NAMES = tuple(
     f"{prefix}openblas_set_num_threads{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")
@@ -56,6 +64,53 @@ _next_sample = 0.0  # when a lane should sample again (time.monotonic); inf: no 
 _sample_lock = threading.Lock()  # one lane samples at a time (taken without blocking)
 _last: tuple[float, float, float] | None = None  # (monotonic, machine busy s, this process's cpu s)
 _pinned = False  # `pin_spare_cores` set the estimate: no sampling
+_own: dict[int, int] = {}  # native thread id -> how many devices count it as theirs (lanes, loops)
+_foreign_seen: dict[int, int] = {}  # another thread of this process -> its CPU ns at the last sample
+_foreign_total = 0.0  # CPU seconds those threads used while sampled, summed
+
+
+def _threads_now() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+# OpenBLAS starts its pool when numpy loads it (imported above): those threads run the lanes'
+# multi-threaded calls, so their CPU is this runtime's
+_POOL = _threads_now() - {threading.get_native_id()}
+
+
+def own_threads(tids: list[int], add: bool) -> None:
+    """(loop thread) A device's lanes and its loop thread start (``add``) or stop counting as its own."""
+    for t in tids:
+        n = _own.get(t, 0) + (1 if add else -1)
+        if n > 0:
+            _own[t] = n
+        else:
+            _own.pop(t, None)
+
+
+def _foreign_cpu_s() -> float:
+    """CPU seconds this process's other threads (not lanes, loops or the BLAS pool) used since the last
+    call (Linux schedstat; 0 elsewhere). A thread seen for the first time counts from then on."""
+    if not _own:
+        return 0.0
+    used = 0
+    seen: dict[int, int] = {}
+    for t in _threads_now():
+        if t in _own or t in _POOL:
+            continue
+        try:
+            with open(f"/proc/self/task/{t}/schedstat", "rb") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        used += ns - _foreign_seen.get(t, ns)
+        seen[t] = ns
+    _foreign_seen.clear()
+    _foreign_seen.update(seen)
+    return used * 1e-9
 
 
 def _machine_busy_s() -> float | None:
@@ -73,9 +128,10 @@ def sample() -> None:
     """(lane, between kernels) Re-estimate the cores other processes leave us, every `SAMPLE_S` at most.
 
     The machine's busy time less this process's own, over the interval since the last sample: what
-    other processes used. A changed estimate re-targets the lanes' BLAS count.
+    other processes used (and this process's threads that are not the runtime's). A changed estimate
+    re-targets the lanes' BLAS count.
     """
-    global _next_sample, _last, _spare
+    global _next_sample, _last, _spare, _foreign_total
     if _pinned or not _sample_lock.acquire(blocking=False):
         return
     try:
@@ -84,8 +140,9 @@ def sample() -> None:
         if busy is None:
             _next_sample = float("inf")
             return
+        _foreign_total += _foreign_cpu_s()
         t = os.times()
-        own = t.user + t.system
+        own = t.user + t.system - _foreign_total  # this runtime's threads only (see `own_threads`)
         last, _last = _last, (now, busy, own)
         _next_sample = now + SAMPLE_S
         if last is None or now - last[0] < SAMPLE_S / 2:

@@ -7,6 +7,7 @@ device (`_cuda.py`) maps the same interface onto cupy streams and events.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import attrs
@@ -217,6 +218,8 @@ class CPUDevice(Device):
         ]
         for lane in self._lanes:
             lane.siblings = [other for other in self._lanes if other is not lane]
+        own = [threading.get_native_id(), *(lane.thread.native_id or 0 for lane in self._lanes)]
+        _blas.own_threads(own, True)  # their CPU is this runtime's, not load beside it
         cancelled = True
         try:
             await super().run(task_status=task_status)
@@ -230,5 +233,6 @@ class CPUDevice(Device):
             for lane in self._lanes:
                 lane.join()
             self._lanes = []
+            _blas.own_threads(own, False)
             _blas.set_demand(id(self), 0, 0)
             self.host_cache.close()

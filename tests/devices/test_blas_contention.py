@@ -3,9 +3,11 @@ multi-threaded BLAS call waits for its slowest thread, so beside busy processes 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -81,3 +83,76 @@ def test_a_pinned_estimate_is_not_resampled() -> None:
     finally:
         _blas.pin_spare_cores(None)
     assert _blas.spare_cores() == (os.cpu_count() or 1)
+
+
+def _hash_until(stop: threading.Event) -> None:
+    """Busy without the GIL (hashlib lets go of it for large buffers): CPU that is not the runtime's."""
+    buf = b"x" * (8 << 20)
+    while not stop.is_set():
+        hashlib.sha256(buf).digest()
+
+
+@linux
+async def test_a_busy_thread_that_is_not_the_runtimes_counts_as_load() -> None:
+    """A thread of this process that is not a lane, a loop or the BLAS pool (a torch training in a
+    thread) is load beside the runtime, as another process is: its CPU is not taken for the runtime's."""
+    stop = threading.Event()
+    worker = threading.Thread(target=_hash_until, args=(stop,), daemon=True)
+    _blas.pin_spare_cores(os.cpu_count() or 1)  # the lanes do not sample meanwhile: this test reads alone
+    try:
+        with trio.fail_after(30):
+            async with ag.open_runtime(lanes=2):
+                await (ag.ones(8, 8) @ ag.ones(8, 8)).ready()  # the lanes have started
+                _blas._foreign_cpu_s()  # start counting from here
+                a = np.random.default_rng(0).standard_normal((400, 400))
+                out = ag.tensor(a)
+                for _ in range(20):  # the lanes' and the loop's own work is not foreign
+                    out = out @ ag.tensor(a) * 1e-2
+                await out.ready()
+                assert _blas._foreign_cpu_s() < 0.02
+                worker.start()
+                assert worker.native_id is not None
+                _blas._foreign_cpu_s()  # the worker is seen from now on
+                before = _thread_cpu_s(worker.native_id)
+                await trio.sleep(0.5)
+                used = _blas._foreign_cpu_s()
+                mine = _thread_cpu_s(worker.native_id) - before
+                assert used > 0
+                assert used == pytest.approx(mine, abs=0.02)
+    finally:
+        _blas.pin_spare_cores(None)
+        stop.set()
+        if worker.is_alive():
+            worker.join(10)
+
+
+def _thread_cpu_s(tid: int) -> float:
+    with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+        return int(f.read().split()[0]) * 1e-9
+
+
+@linux
+async def test_a_busy_thread_beside_a_lone_training_leaves_it_one_blas_thread() -> None:
+    cores = os.cpu_count() or 1
+    if cores != 2:
+        pytest.skip("the estimate drops below every core only where one busy thread is a whole core's share")
+    from asyncgrad.runtime._runtime import current_stream
+
+    stop = threading.Event()
+    worker = threading.Thread(target=_hash_until, args=(stop,), daemon=True)
+    try:
+        with trio.fail_after(30):
+            async with ag.open_runtime(lanes=cores) as rt:
+                await (ag.ones(8, 8) @ ag.ones(8, 8)).ready()
+                if not _blas.boost_available():
+                    pytest.skip("not a pthreads OpenBLAS: no thread count to switch")
+                current_stream(rt.cpu)
+                worker.start()
+                await _sample_for(1.0)
+                # one core busy with a thread that is not the runtime's: a two-thread call would stall
+                assert _blas.spare_cores() == 1
+                assert not _blas.solo()
+    finally:
+        stop.set()
+        if worker.is_alive():
+            worker.join(10)
