@@ -21,39 +21,8 @@ from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP
 from . import _elementwise as _ew
-from ._math import clamp
 from ._nn import log_softmax
 from ._shape import reshape
-
-# ---- embedding --------------------------------------------------------------------------------------
-
-
-# ---- layer_norm ---------------------------------------------------------------------------------------
-
-
-# ---- dropout -----------------------------------------------------------------------------------------
-
-
-# ---- logsumexp ---------------------------------------------------------------------------------------
-
-
-# ---- clamp ---------------------------------------------------------------------------------------------
-
-
-clip = clamp
-
-
-# ---- gather, index_select ----------------------------------------------------------------------------
-
-
-# ---- cumsum ------------------------------------------------------------------------------------------
-
-
-# ---- einsum ------------------------------------------------------------------------------------------
-
-
-# ---- var / std -----------------------------------------------------------------------------------------
-
 
 # ---- losses ----------------------------------------------------------------------------------------------
 
@@ -317,13 +286,11 @@ def cross_entropy(
     kw = {"ignore_index": int(ignore_index), "reduction": reduction, "ls": ls}
     out = apply(OP_CROSS_ENTROPY, (x, t, weight), kw)
     if unb and reduction == "none":
-
         out = reshape(out, ())
     return out
 
 
 def _cross_entropy_probs(x: Tensor, target: Any, weight: Any, reduction: str, ls: float) -> Tensor:
-
     if tuple(target.shape) != tuple(x.shape):
         raise OpError(
             f"cross_entropy: probability targets must have the input's shape {x.shape}, got {target.shape}"
@@ -389,7 +356,6 @@ def nll_loss(
     t = _class_targets("nll_loss", x, t)
     out = apply(OP_NLL_LOSS, (x, t, weight), {"ignore_index": int(ignore_index), "reduction": reduction})
     if unb and reduction == "none":
-
         out = reshape(out, ())
     return out
 
@@ -471,16 +437,12 @@ def binary_cross_entropy_with_logits(
     return reduce_loss(loss, reduction)
 
 
-# ---- Tensor methods ------------------------------------------------------------------------------------
-
-
 def _bce_prob_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
     if tuple(t.shape) != tuple(x.shape):
         raise OpError(f"binary_cross_entropy: target {tuple(t.shape)} and input {tuple(x.shape)} differ")
     if w is not None:
         np.broadcast_shapes(tuple(w.shape), tuple(x.shape))
     return tuple(x.shape), x.dtype
-
 
 
 def _bce_prob_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.ndarray:
@@ -493,7 +455,6 @@ def _bce_prob_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.n
     if w is not None:
         loss = loss * w
     return np.asarray(loss, x.dtype)
-
 
 
 def _bce_prob_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
@@ -515,9 +476,7 @@ def _bce_prob_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) ->
     return (gx, gt, None)
 
 
-
 OP_BCE = defop("binary_cross_entropy", _bce_prob_kernel, _bce_prob_meta, _bce_prob_rule)
-
 
 
 def binary_cross_entropy(
