@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any
 
 import attrs
@@ -57,9 +58,11 @@ class StreamPool:
     """Hands out streams; a released stream is reused only once its work is done."""
 
     def __init__(self, device: Device) -> None:
-        self._device = device
+        # weak: the device holds its pool, and a closed device is freed by refcount, not by the collector
+        self._device = weakref.ref(device)
         self._free: list[Stream] = []
         self._draining: list[Stream] = []
+        self._closed = False
         self.created = 0
         self.in_use = 0
 
@@ -69,20 +72,34 @@ class StreamPool:
             for s in self._draining:
                 (self._free if s.query() else still).append(s)
             self._draining = still
+        dev = self._device()
+        if dev is None:
+            raise RuntimeError("the device of this stream pool is gone")
         self.in_use += 1
-        self._device._streams_in_use(self.in_use)
+        dev._streams_in_use(self.in_use)
         if self._free:
             return self._free.pop()
         self.created += 1
-        return self._device._new_stream()
+        return dev._new_stream()
 
     def release(self, stream: Stream) -> None:
         self.in_use -= 1
-        self._device._streams_in_use(self.in_use)
-        (self._free if stream.query() else self._draining).append(stream)
+        dev = self._device()
+        if dev is not None:
+            dev._streams_in_use(self.in_use)
+        if not self._closed:  # a closed pool keeps no stream (each refers to its device)
+            (self._free if stream.query() else self._draining).append(stream)
+
+    def close(self) -> None:
+        """Forget the streams (the device's work is over): the device, its streams and lanes then form no
+        reference cycle."""
+        self._closed = True
+        self._free.clear()
+        self._draining.clear()
 
     def all_streams(self) -> list[Stream]:
-        return list(self._device._streams)
+        dev = self._device()
+        return [] if dev is None else list(dev._streams)
 
 
 class Device(Actor):
@@ -232,7 +249,11 @@ class CPUDevice(Device):
             # joining waits for kernels in flight; they are bounded work, so this is prompt
             for lane in self._lanes:
                 lane.join()
+                lane.siblings = []  # lanes referred to each other
             self._lanes = []
             _blas.own_threads(own, False)
+            # streams refer to their device: a closed device drops them, so refcount frees it
+            self.pool.close()
+            self._streams.clear()
             _blas.set_demand(id(self), 0, 0)
             self.host_cache.close()

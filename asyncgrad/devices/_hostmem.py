@@ -125,6 +125,9 @@ class HostCache:
     def close(self) -> None:
         self._closed = True
         self.empty_cache()
+        # the bound method referred back to the cache (a cycle); a closed cache hands out no new buffers,
+        # and the weak refs of live ones hold their own reference to it
+        self.__dict__.pop("_on_dead", None)
 
     def statistics(self) -> HostCacheStatistics:
         return read_record(HostCacheStatistics, self, cached_bytes=self._cached)

@@ -25,7 +25,7 @@ from ..ops import (
 )
 from ..runtime import Tensor
 from . import init
-from ._layers import _add_conv_params, _conv_extra_repr, _init_conv_, _new_param
+from ._layers import _add_conv_params, _check_conv_args, _check_conv_input, _conv_extra_repr, _init_conv_, _new_param
 from ._module import Module
 
 __all__ = [
@@ -76,21 +76,12 @@ class _ConvNd(Module):
         super().__init__()
         cls = type(self).__name__
         nd = self._nd
-        if groups <= 0:
-            raise ValueError(f"{cls}: groups must be a positive integer, got {groups}")
-        if in_channels % groups:
-            raise ValueError(f"{cls}: in_channels must be divisible by groups ({in_channels} % {groups} != 0)")
-        if out_channels % groups:
-            raise ValueError(f"{cls}: out_channels must be divisible by groups ({out_channels} % {groups} != 0)")
-        if padding_mode != "zeros":
-            raise NotImplementedError(f"{cls}: padding_mode={padding_mode!r} is not supported (only 'zeros')")
-        if isinstance(padding, str):
-            if self._transposed:
+        if self._transposed:
+            if padding_mode != "zeros":  # PyTorch's words
+                raise ValueError(f'Only "zeros" padding mode is supported for {cls}')
+            if isinstance(padding, str):
                 raise ValueError(f"{cls}: padding strings are not supported for transposed convolutions")
-            if padding not in ("valid", "same"):
-                raise ValueError(f"{cls}: invalid padding string {padding!r}, should be one of 'valid', 'same'")
-            if padding == "same" and any(s != 1 for s in _ntuple(stride, nd, "stride")):
-                raise ValueError(f"{cls}: padding='same' is not supported for strided convolutions")
+        _check_conv_args(in_channels, out_channels, _ntuple(stride, nd, "stride"), padding, groups, padding_mode)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = _ntuple(kernel_size, nd, "kernel_size")
@@ -156,6 +147,7 @@ class Conv1d(_ConvNd):
         )
 
     def forward(self, input: Tensor) -> Tensor:
+        _check_conv_input(input, self.weight, self.groups, self.padding, self.dilation, 1)
         return conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 

@@ -97,6 +97,60 @@ def _new_param(shape: Sequence[int], dtype: Any, device: Any) -> Tensor:
     return Parameter(t)
 
 
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+def _check_conv_args(
+    in_channels: int, out_channels: int, stride: tuple[int, ...], padding: Any, groups: int, padding_mode: str
+) -> None:
+    """PyTorch's constructor checks of a convolution, in its order and words (one padding mode: zeros)."""
+    if groups <= 0:
+        raise ValueError("groups must be a positive integer")
+    if in_channels % groups != 0:
+        raise ValueError("in_channels must be divisible by groups")
+    if out_channels % groups != 0:
+        raise ValueError("out_channels must be divisible by groups")
+    if isinstance(padding, str):
+        if padding not in ("valid", "same"):
+            raise ValueError(f"Invalid padding string {padding!r}, should be one of {{'valid', 'same'}}")
+        if padding == "same" and any(s != 1 for s in stride):
+            raise ValueError("padding='same' is not supported for strided convolutions")
+    if padding_mode not in _PADDING_MODES:
+        raise ValueError(
+            f"padding_mode must be one of {{'zeros', 'reflect', 'replicate', 'circular'}}, but got "
+            f"padding_mode={padding_mode!r}"
+        )
+    if padding_mode != "zeros":
+        raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
+
+
+def _check_conv_input(input: Tensor, weight: Tensor, groups: int, padding: Any, dilation: Any, nd: int) -> None:
+    """PyTorch's errors (its words) for an input a convolution module can't take: its rank, its channels,
+    a (padded) size smaller than the dilated kernel."""
+    shape = tuple(input.shape)
+    if len(shape) not in (nd + 1, nd + 2):
+        raise RuntimeError(
+            f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to conv{nd}d, but got input of size: "
+            f"{list(shape)}"
+        )
+    batched = shape if len(shape) == nd + 2 else (1, *shape)
+    wshape = tuple(weight.shape)
+    want = wshape[1] * groups
+    if batched[1] != want:
+        raise RuntimeError(
+            f"Given groups={groups}, weight of size {list(wshape)}, expected input{list(batched)} to have {want} "
+            f"channels, but got {batched[1]} channels instead"
+        )
+    if not isinstance(padding, str):
+        padded = [batched[2 + i] + 2 * padding[i] for i in range(nd)]
+        kernel = [dilation[i] * (wshape[2 + i] - 1) + 1 for i in range(nd)]
+        if any(p < k for p, k in zip(padded, kernel)):
+            raise RuntimeError(
+                f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel size: "
+                f"({' x '.join(map(str, kernel))}). Kernel size can't be greater than actual input size"
+            )
+
+
 def _pair(x: Any) -> tuple[int, int]:
     if isinstance(x, (tuple, list)):
         if len(x) != 2:
@@ -618,19 +672,7 @@ class Conv2d(Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        if groups <= 0 or in_channels % groups or out_channels % groups:
-            raise ValueError(
-                f"in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
-                f"groups ({groups})"
-            )
-        if padding_mode != "zeros":
-            raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
-        if isinstance(padding, str) and padding not in ("valid", "same"):
-            raise ValueError(f"invalid padding string {padding!r}, should be one of 'valid', 'same'")
-        if padding == "same" and _pair(stride) != (1, 1):
-            raise ValueError(
-                f"Conv2d: padding='same' needs stride 1, got stride={stride}; give the padding as numbers instead"
-            )
+        _check_conv_args(in_channels, out_channels, _pair(stride), padding, groups, padding_mode)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = _pair(kernel_size)
@@ -648,6 +690,7 @@ class Conv2d(Module):
         _init_conv_(self.weight, self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
+        _check_conv_input(input, self.weight, self.groups, self.padding, self.dilation, 2)
         return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:

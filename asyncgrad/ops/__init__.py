@@ -67,7 +67,7 @@ from ._linalg import addmm, bmm, dot, einsum, matmul, mm, outer
 # nn.functional's names, not torch's top level
 from ._linalg import linear as linear
 from ._loss import binary_cross_entropy as binary_cross_entropy
-from ._loss import binary_cross_entropy_with_logits, clip, cross_entropy, mse_loss, nll_loss
+from ._loss import binary_cross_entropy_with_logits, cross_entropy, mse_loss, nll_loss
 
 # nn.functional's elementwise losses and the helpers its losses share with these (not exported at the
 # top level)
@@ -84,6 +84,7 @@ from ._math import (
     clamp,
     clamp_max,
     clamp_min,
+    clip,
     cos,
     equal,
     erf,

@@ -18,43 +18,14 @@ from ..runtime._dispatch import apply
 from ..runtime._factories import tensor
 from ..runtime._meta import _float_check, _index_arg, broadcast_shapes
 from ..runtime._op import OpError, defop
+from ..runtime._promote import result_type2
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP
 from . import _elementwise as _ew
-from ._math import clamp
+from ._convert import astype
 from ._nn import log_softmax
 from ._rows import row_max, row_sum
 from ._shape import reshape
-
-# ---- embedding --------------------------------------------------------------------------------------
-
-
-# ---- layer_norm ---------------------------------------------------------------------------------------
-
-
-# ---- dropout -----------------------------------------------------------------------------------------
-
-
-# ---- logsumexp ---------------------------------------------------------------------------------------
-
-
-# ---- clamp ---------------------------------------------------------------------------------------------
-
-
-clip = clamp
-
-
-# ---- gather, index_select ----------------------------------------------------------------------------
-
-
-# ---- cumsum ------------------------------------------------------------------------------------------
-
-
-# ---- einsum ------------------------------------------------------------------------------------------
-
-
-# ---- var / std -----------------------------------------------------------------------------------------
-
 
 # ---- losses ----------------------------------------------------------------------------------------------
 
@@ -83,9 +54,7 @@ def weighted_loss(loss: Tensor, weight: Tensor | None, input: Tensor, reduction:
     if weight is None:
         return reduce_loss(loss, reduction)
     if tuple(weight.shape) != tuple(input.shape):
-        raise ValueError(
-            f"loss weight has shape {tuple(weight.shape)} but the input has {tuple(input.shape)}; they must match"
-        )
+        raise ValueError("Weights and input must have the same size.")  # PyTorch's words
     wl = loss * weight
     if reduction == "mean" and mean_by_weight:
         return wl.sum() / weight.sum()  # type: ignore[attr-defined,no-any-return]
@@ -318,13 +287,11 @@ def cross_entropy(
     kw = {"ignore_index": int(ignore_index), "reduction": reduction, "ls": ls}
     out = apply(OP_CROSS_ENTROPY, (x, t, weight), kw)
     if unb and reduction == "none":
-
         out = reshape(out, ())
     return out
 
 
 def _cross_entropy_probs(x: Tensor, target: Any, weight: Any, reduction: str, ls: float) -> Tensor:
-
     if tuple(target.shape) != tuple(x.shape):
         raise OpError(
             f"cross_entropy: probability targets must have the input's shape {x.shape}, got {target.shape}"
@@ -390,7 +357,6 @@ def nll_loss(
     t = _class_targets("nll_loss", x, t)
     out = apply(OP_NLL_LOSS, (x, t, weight), {"ignore_index": int(ignore_index), "reduction": reduction})
     if unb and reduction == "none":
-
         out = reshape(out, ())
     return out
 
@@ -403,8 +369,14 @@ def mse_loss(
     reduction: str = "mean",
     weight: Tensor | None = None,
 ) -> Tensor:
-    """Mean squared error (``torch.nn.functional.mse_loss``; with ``weight``, 'mean' is sum(w*se)/sum(w))."""
+    """Mean squared error (``torch.nn.functional.mse_loss``; with ``weight``, 'mean' is sum(w*se)/sum(w)).
+
+    A target of another shape broadcasts, with PyTorch's warning; one that is not a tensor is converted to
+    the input's dtype.
+    """
     reduction = legacy_reduction(size_average, reduce, reduction)
+    target = _loss_shapes("mse_loss", input, target)
+    _needs_float("mse_cpu", input, target)
     d = input - target
     se = d * d
     return weighted_loss(se, weight, input, reduction, True)
@@ -461,18 +433,31 @@ def binary_cross_entropy_with_logits(
     ``pos_weight`` weighs positive examples (broadcast along the last dim, i.e. per class).
     """
     reduction = legacy_reduction(size_average, reduce, reduction)
-    _float_check("binary_cross_entropy_with_logits", input)
+    if input.dtype.kind not in "fc":  # PyTorch's words (its log_sigmoid refuses integers)
+        raise NotImplementedError(f'"log_sigmoid_cpu" not implemented for {_torch_name(input.dtype)!r}')
     if not isinstance(target, Tensor):
         target = np.asarray(target, dtype=input.dtype)
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(
             f"Target size ({tuple(target.shape)}) must be the same as input size ({tuple(input.shape)})"
         )
+    tdt = np.dtype(target.dtype)
+    if tdt != input.dtype:
+        # PyTorch computes into a tensor of the target's dtype: an integer one can't hold the loss, a float
+        # one gives the loss its dtype
+        if tdt.kind == "b":
+            raise RuntimeError(
+                "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                "Use the `^` or `logical_xor()` operator instead."
+            )
+        if tdt.kind not in "fc":
+            raise RuntimeError(
+                f"result type {_torch_name(result_type2(input, target))} can't be cast to the desired output "
+                f"type {_torch_name(tdt)}"
+            )
+        input = astype(input, tdt)
     loss = apply(OP_BCE_LOGITS, (input, target, weight, pos_weight))
     return reduce_loss(loss, reduction)
-
-
-# ---- Tensor methods ------------------------------------------------------------------------------------
 
 
 def _bce_prob_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
@@ -481,7 +466,6 @@ def _bce_prob_meta(x: Any, t: Any, w: Any) -> tuple[tuple[int, ...], np.dtype[An
     if w is not None:
         np.broadcast_shapes(tuple(w.shape), tuple(x.shape))
     return tuple(x.shape), x.dtype
-
 
 
 def _bce_prob_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.ndarray:
@@ -494,7 +478,6 @@ def _bce_prob_kernel(x: np.ndarray, t: np.ndarray, w: np.ndarray | None) -> np.n
     if w is not None:
         loss = loss * w
     return np.asarray(loss, x.dtype)
-
 
 
 def _bce_prob_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
@@ -516,9 +499,7 @@ def _bce_prob_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) ->
     return (gx, gt, None)
 
 
-
 OP_BCE = defop("binary_cross_entropy", _bce_prob_kernel, _bce_prob_meta, _bce_prob_rule)
-
 
 
 def binary_cross_entropy(
@@ -538,8 +519,6 @@ def binary_cross_entropy(
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
     """
     reduction = legacy_reduction(size_average, reduce, reduction)
-    if input.dtype.kind not in "fc":
-        raise OpError(f"binary_cross_entropy: expected a floating point input, got dtype {input.dtype}")
     if not isinstance(target, Tensor):
         target = tensor(np.asarray(target), dtype=input.dtype, device=input.device)
     if tuple(target.shape) != tuple(input.shape):
@@ -547,6 +526,10 @@ def binary_cross_entropy(
             f"Using a target size ({tuple(target.shape)}) that is different to the input size "
             f"({tuple(input.shape)}) is deprecated. Please ensure they have the same size."
         )
+    if target.dtype != input.dtype:  # PyTorch's kernel takes one dtype
+        raise RuntimeError(f"Found dtype {_torch_name(target.dtype)} but expected {_torch_name(input.dtype)}")
+    if input.dtype.kind not in "fc":
+        raise NotImplementedError(f'"binary_cross_entropy" not implemented for {_torch_name(input.dtype)!r}')
     if weight is not None:
         weight = weight.detach()
     return reduce_loss(apply(OP_BCE, (input, target, weight)), reduction)
@@ -555,7 +538,46 @@ def binary_cross_entropy(
 # ---- elementwise losses of nn.functional --------------------------------------------------------------
 
 
+_TORCH_NAMES = {
+    "float16": "Half",
+    "bfloat16": "BFloat16",
+    "float32": "Float",
+    "float64": "Double",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+    "bool": "Bool",
+    "int8": "Char",
+    "uint8": "Byte",
+    "int16": "Short",
+    "int32": "Int",
+    "int64": "Long",
+}
+
+
+def _torch_name(dtype: Any) -> str:
+    """A dtype by PyTorch's scalar-type name (what its dtype errors say: 'Float', 'Long', ...)."""
+    name = np.dtype(dtype).name
+    return _TORCH_NAMES.get(name, name)
+
+
+def _needs_float(kernel: str, input: Tensor, target: Tensor) -> None:
+    """PyTorch's error for a loss kernel on integers or bools (an integer input with a float target is fine)."""
+    dt = result_type2(input, target)
+    if dt.kind not in "fc":
+        raise NotImplementedError(f'"{kernel}" not implemented for {_torch_name(dt)!r}')
+
+
+def _no_bool_sub(input: Tensor, target: Tensor) -> None:
+    if input.dtype.kind == "b" or target.dtype.kind == "b":  # PyTorch's l1_loss subtracts
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert "
+            "a mask, use the `~` or `logical_not()` operator instead."
+        )
+
+
 def _loss_shapes(op: str, input: Tensor, target: Any) -> Any:
+    """``target`` as a tensor (converted to the input's dtype if it is not one), with PyTorch's warning when
+    its shape differs from the input's (they broadcast)."""
     if not isinstance(target, Tensor):
         target = tensor(np.asarray(target), dtype=input.dtype, device=input.device)
     if tuple(target.shape) != tuple(input.shape):
@@ -565,7 +587,21 @@ def _loss_shapes(op: str, input: Tensor, target: Any) -> Any:
             "Please ensure they have the same size.",
             stacklevel=3,
         )
+        _check_broadcast(tuple(input.shape), tuple(target.shape))
     return target
+
+
+def _check_broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    """PyTorch's error (``torch.broadcast_tensors``) for shapes that don't broadcast, from the last dim."""
+    n = max(len(a), len(b))
+    for i in range(n - 1, -1, -1):
+        da = a[i - n + len(a)] if i >= n - len(a) else 1
+        db = b[i - n + len(b)] if i >= n - len(b) else 1
+        if da != db and da != 1 and db != 1:
+            raise RuntimeError(
+                f"The size of tensor a ({da}) must match the size of tensor b ({db}) at non-singleton "
+                f"dimension {i}"
+            )
 
 
 def l1_loss(
@@ -579,6 +615,7 @@ def l1_loss(
     """Mean absolute error ``|input - target|`` (with ``weight``, 'mean' is ``sum(w*|d|) / sum(w)``)."""
     reduction = legacy_reduction(size_average, reduce, reduction)
     target = _loss_shapes("l1_loss", input, target)
+    _no_bool_sub(input, target)
     return weighted_loss(_ew.abs(input - target), weight, input, reduction, True)
 
 
@@ -595,6 +632,10 @@ def smooth_l1_loss(
     if beta < 0:
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
     target = _loss_shapes("smooth_l1_loss", input, target)
+    if beta == 0.0:  # PyTorch's l1_loss then
+        _no_bool_sub(input, target)
+    else:
+        _needs_float("smooth_l1_cpu", input, target)
     d = input - target
     ad = _ew.abs(d)
     if beta == 0.0:
@@ -611,6 +652,14 @@ def huber_loss(
     if delta <= 0:
         raise RuntimeError("huber_loss does not support non-positive values for delta.")
     target = _loss_shapes("huber_loss", input, target)
+    _needs_float("huber_cpu", input, target)
+    if target.dtype != input.dtype:  # PyTorch's huber_loss computes into a tensor of the input's dtype
+        if input.dtype.kind not in "fc":
+            raise RuntimeError(
+                f"result type {_torch_name(result_type2(input, target))} can't be cast to the desired output "
+                f"type {_torch_name(input.dtype)}"
+            )
+        target = astype(target, input.dtype)
     d = input - target
     ad = _ew.abs(d)
     loss = _ew.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)

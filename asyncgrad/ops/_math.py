@@ -365,6 +365,9 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:
     return apply(OP_CLAMP, (input, min, max))
 
 
+clip = clamp  # PyTorch's alias
+
+
 def clamp_min(input: Tensor, min: Any) -> Tensor:
     return clamp(input, min=min)
 

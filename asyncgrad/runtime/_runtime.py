@@ -101,11 +101,15 @@ class _BlasLimit:
 class _TaskStreams:
     """The streams one trio task uses, one per device; released to their pools when the task ends."""
 
-    __slots__ = ("__weakref__", "by_device", "task")
+    __slots__ = ("__weakref__", "by_device", "release", "task")
 
     def __init__(self, task: Any) -> None:
-        self.task = task
+        # weak: the task's context holds this object, and a strong reference back made every task that ran
+        # an op a cycle (task -> context -> streams -> task) that kept its runtime and devices alive until
+        # the garbage collector ran
+        self.task = weakref.ref(task)
         self.by_device: dict[Device, Stream] = {}
+        self.release: Callable[[], Any] | None = None  # set when the streams are the task's own
 
 
 _task_streams: contextvars.ContextVar[_TaskStreams | None] = contextvars.ContextVar(
@@ -280,6 +284,7 @@ async def open_runtime(
                 finally:
                     for owner in rt.owners.values():
                         owner.close()
+                    rt.owners.clear()  # each refers to the runtime
             for name, dev in rt.devices.items():
                 if name != "cpu":
                     dev.close()
@@ -291,6 +296,10 @@ async def open_runtime(
         raise
     finally:
         rt.closed = True
+        # the opening task's streams go back now, not when the task dies: they refer to the devices
+        ts = _task_streams.get()
+        if ts is not None and ts.release is not None:
+            ts.release()
         _task_streams.reset(streams_token)
         _current.reset(token)
         _BlasLimit.release()
@@ -336,7 +345,7 @@ def current_stream(device: Device | str | None = None) -> Stream:
         task = trio.lowlevel.current_task()
     except RuntimeError:
         raise NoRuntimeError(_NO_RUNTIME.format(what="this operation")) from None
-    if ts is None or ts.task is not task:
+    if ts is None or ts.task() is not task:
         ts = _new_task_streams(task)
     s = ts.by_device.get(device)  # type: ignore[arg-type]
     if s is None:
@@ -352,8 +361,8 @@ def current_stream(device: Device | str | None = None) -> Stream:
 def _new_task_streams(task: Any) -> _TaskStreams:
     ts = _TaskStreams(task)
     _task_streams.set(ts)
-    # the task's streams go back to their pools when the task object dies
-    weakref.finalize(task, _release_streams, ts.by_device)
+    # the task's streams go back to their pools when the task object dies (or its runtime closes)
+    ts.release = weakref.finalize(task, _release_streams, ts.by_device)
     return ts
 
 
@@ -375,7 +384,7 @@ class use_stream:
         except RuntimeError:
             raise NoRuntimeError(_NO_RUNTIME.format(what="use_stream")) from None
         ts = _task_streams.get()
-        if ts is None or ts.task is not task:
+        if ts is None or ts.task() is not task:
             ts = _new_task_streams(task)
         stream = self._stream
         by_device = self._by_device = ts.by_device

@@ -240,3 +240,77 @@ async def test_on_lanes(rt, rng, monkeypatch) -> None:
         load_from_torch(am, tm)
         ax, tx = pair(rng, (2, 4, 5, 5), torch)
         await _check(am, tm, ax, tx, rng)
+
+
+CONV_ARGS = [
+    {"padding": "full"},
+    {"padding": "same", "stride": 2},
+    {"padding": "same", "stride": (1, 2)},
+    {"groups": 3},
+    {"groups": 0},
+    {"groups": -1},
+    {"out_channels": 6, "groups": 4},
+    {"in_channels": 6, "groups": 4},
+    {"padding_mode": "bogus"},
+]
+
+
+def _set_order(msg: str) -> str:
+    """A message with PyTorch's printed sets (their order depends on string hashing) sorted."""
+    import re
+
+    return re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", msg)
+
+
+@pytest.mark.parametrize("kw", CONV_ARGS, ids=str)
+@pytest.mark.parametrize("nd", [1, 2])
+def test_conv_constructor_errors_as_torch(nd: int, kw: dict) -> None:
+    torch = pytest.importorskip("torch")
+    kw = {"in_channels": 4, "out_channels": 4, "kernel_size": 3, **kw}
+    if nd == 1 and isinstance(kw.get("stride"), tuple):
+        kw["stride"] = kw["stride"][1:]
+    name = f"Conv{nd}d"
+    with pytest.raises(Exception) as want:
+        getattr(torch.nn, name)(**kw)
+    with pytest.raises(Exception) as got:
+        getattr(nn, name)(**kw)
+    assert type(got.value) is type(want.value)
+    assert _set_order(str(got.value)) == _set_order(str(want.value))
+
+
+CONV_INPUTS = [
+    ((2, 4, 8, 8, 8), {}),  # too many dims
+    ((8,), {}),  # too few
+    ((2, 3, 8, 8), {}),  # wrong channels
+    ((3, 8, 8), {}),  # wrong channels, unbatched
+    ((2, 3, 8, 8), {"groups": 2}),
+    ((2, 4, 2, 2), {}),  # smaller than the kernel
+    ((2, 4, 4, 4), {"dilation": 2}),  # smaller than the dilated kernel
+    ((2, 4, 2, 2), {"padding": (1, 0)}),
+    ((2, 4, 2, 2), {"padding": 1}),  # fine once padded
+    ((4, 5, 5), {"padding": "same", "dilation": 2}),
+]
+
+
+@pytest.mark.parametrize("shape, kw", CONV_INPUTS, ids=str)
+@pytest.mark.parametrize("nd", [1, 2])
+async def test_conv_forward_errors_as_torch(rt: ag.Runtime, nd: int, shape: tuple, kw: dict) -> None:
+    """The modules' errors for an input they can't take are PyTorch's (type and words); inputs PyTorch takes
+    give its values."""
+    torch = pytest.importorskip("torch")
+    shape = shape if nd == 2 else shape[:-1]
+    kw = dict(kw)
+    if nd == 1 and isinstance(kw.get("padding"), tuple):
+        kw["padding"] = kw["padding"][:1]
+    tm = getattr(torch.nn, f"Conv{nd}d")(4, 6, 3, dtype=torch.float64, **kw)
+    am = getattr(nn, f"Conv{nd}d")(4, 6, 3, dtype=ag.float64, **kw)
+    am.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    x = np.random.default_rng(3).standard_normal(shape)
+    try:
+        want = tm(torch.from_numpy(x)).detach().numpy()
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as got:
+            am(ag.tensor(x))
+        assert str(got.value) == str(e)
+        return
+    np.testing.assert_allclose(am(ag.tensor(x)).numpy(), want, rtol=1e-10, atol=1e-12)

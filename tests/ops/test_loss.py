@@ -210,3 +210,102 @@ async def test_all_targets_ignored_gives_nan_loss_and_zero_gradient(rt: Any, los
     assert np.isnan(out.item())
     await out.backward()
     np.testing.assert_array_equal(x.grad.numpy(), np.zeros((2, 3)))
+
+
+# ---- the pointwise losses' size and dtype checks, against PyTorch's ------------------------------------
+
+POINTWISE = [
+    "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "smooth_l1_loss_beta0",
+    "huber_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+]
+# (input dtype, target dtype, target shape) for a (3, 4) input
+TARGETS = [
+    ("float32", "float32", (3, 4)),
+    ("float32", "float32", (4,)),  # broadcasts: PyTorch warns
+    ("float32", "float32", (3, 1)),
+    ("float32", "float32", (2, 3, 4)),  # broadcasts to a bigger shape
+    ("float32", "float32", (5,)),  # doesn't broadcast: warns, then fails
+    ("float32", "float64", (3, 4)),
+    ("float64", "float32", (3, 4)),
+    ("float32", "int64", (3, 4)),
+    ("float32", "bool", (3, 4)),
+    ("float16", "float32", (3, 4)),
+    ("int64", "float32", (3, 4)),
+    ("int64", "int64", (3, 4)),
+]
+
+
+def _torch_shapes(msg: str) -> str:
+    """PyTorch's ``torch.Size([3, 4])`` in a message written as our shapes are, ``(3, 4)``."""
+    import re
+
+    return re.sub(
+        r"torch\.Size\(\[([^\]]*)\]\)", lambda m: repr(tuple(int(v) for v in m.group(1).split(",") if v.strip())), msg
+    )
+
+
+def _pointwise(lib: Any, name: str) -> Any:
+    if name == "smooth_l1_loss_beta0":
+        return lambda x, t: lib.smooth_l1_loss(x, t, reduction="none", beta=0.0)
+    return lambda x, t: getattr(lib, name)(x, t, reduction="none")
+
+
+def _outcome(fn: Any, x: Any, t: Any) -> tuple[Any, ...]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = fn(x, t)
+            res: tuple[Any, ...] = ("ok", str(out.dtype).removeprefix("torch."), out)
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            res = (type(e).__name__, _torch_shapes(str(e)))
+    return (*res, [_torch_shapes(str(w.message)) for w in caught])
+
+
+@pytest.mark.parametrize("case", TARGETS, ids=lambda c: f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2]))}")
+@pytest.mark.parametrize("name", POINTWISE)
+async def test_pointwise_loss_sizes_and_dtypes_as_torch(rt: Any, name: str, case: Any) -> None:
+    """mse/l1/smooth_l1/huber warn as PyTorch does for a target of another size (and raise its error when
+    the shapes don't broadcast), the binary cross-entropies raise its errors; each gives PyTorch's result
+    dtype for mixed dtypes, or its error (type and message) where it refuses them; the values agree."""
+    torch = pytest.importorskip("torch")
+    xdt, tdt, tshape = case
+    r = np.random.default_rng(5)
+    xv = r.uniform(0.05, 0.95, (3, 4)) if name == "binary_cross_entropy" else r.standard_normal((3, 4)) * 2
+    tv = r.uniform(0, 1, tshape) if tdt.startswith("float") else r.integers(0, 2, tshape)
+    xv, tv = xv.astype(xdt), tv.astype(tdt)
+    want = _outcome(_pointwise(torch.nn.functional, name), torch.from_numpy(xv), torch.from_numpy(tv))
+    got = _outcome(_pointwise(ag.nn.functional, name), ag.tensor(xv), ag.tensor(tv))
+    if want[0] == "ok":
+        assert got[0] == "ok", got
+        assert got[1] == want[1]  # the result dtype
+        tol = 1e-3 if "float16" in (xdt, tdt) else 1e-5
+        np.testing.assert_allclose(got[2].numpy().astype(np.float64), want[2].double().numpy(), rtol=tol, atol=tol)
+        assert got[3] == want[3]  # the warnings
+    else:
+        assert got == want
+
+
+async def test_mse_loss_target_forms(rt: Any) -> None:
+    """A target that is not a tensor becomes one of the input's dtype (as l1_loss's); weights of another
+    size than the input are refused in PyTorch's words; the size warning points at the caller."""
+    import warnings
+
+    x = ag.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    out = ag.nn.functional.mse_loss(x, np.ones((2, 3)), reduction="none")
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out.numpy(), (np.arange(6).reshape(2, 3) - 1.0) ** 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert ag.nn.functional.mse_loss(x, 1.0).item() == pytest.approx(np.mean((np.arange(6) - 1.0) ** 2))
+    assert [w.filename for w in caught] == [__file__]
+    assert "Using a target size (()) that is different to the input size ((2, 3))" in str(caught[0].message)
+    for fn in ("mse_loss", "l1_loss", "huber_loss"):
+        with pytest.raises(ValueError, match=r"^Weights and input must have the same size\.$"):
+            getattr(ag.nn.functional, fn)(x, x, weight=ag.ones(3))

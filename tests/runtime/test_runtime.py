@@ -154,3 +154,45 @@ async def test_cancelling_with_a_deep_kernel_queue_is_prompt():
             f"core: cancelling the runtime ran every queued kernel before the lanes stopped ({took:.2f}s, "
             "blocking the event loop while joining)"
         )
+
+
+async def test_a_closed_runtime_is_freed_by_refcount_not_the_collector():
+    """Closing a runtime leaves no reference cycle through it: with the garbage collector off, the runtime,
+    its devices, streams, lanes and lane threads are gone right after the block, also after work in a child
+    task (whose context once held its own task, a cycle keeping the runtime alive) and a backward pass."""
+    import gc
+    import weakref
+
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        async with ag.open_runtime(lanes=2) as rt:
+            w = ag.randn(64, 64, requires_grad=True)
+            await (w * w).sum().backward()
+
+            async def child() -> None:
+                v = ag.randn(32, 32, requires_grad=True)
+                await (v @ v).sum().backward()
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(child)
+            dev = rt.cpu
+            assert len(dev._streams) == 2  # one stream for each task
+            refs = {
+                "runtime": weakref.ref(rt),
+                "device": weakref.ref(dev),
+                "pool": weakref.ref(dev.pool),
+                "host cache": weakref.ref(dev.host_cache),
+                **{f"stream {i}": weakref.ref(s) for i, s in enumerate(dev._streams)},
+                **{f"lane {i}": weakref.ref(ln) for i, ln in enumerate(dev._lanes)},
+                **{f"thread {i}": weakref.ref(t) for i, t in enumerate(dev.threads())},
+            }
+            del w, dev
+        del rt
+        alive = [name for name, r in refs.items() if r() is not None]
+        assert alive == []
+    finally:
+        if was_enabled:
+            gc.enable()
