@@ -42,7 +42,7 @@ import numpy as np
 import trio
 
 from .. import autograd, runtime
-from ._peer import CALL, this_node
+from ._peer import CALL, POST, this_node
 
 # `_workers.Worker` and `_rref.RRef` call into this module, so it names their types without importing them
 Worker = Any
@@ -214,12 +214,12 @@ def _committer(handle: _Handle) -> Any:
 
 
 def _post(worker: Worker, fn: str, *args: Any) -> None:
-    """Send a call without waiting for its reply (its reply is dropped as a late one): a plain message
-    that travels in order with every later call on the connection."""
+    """Post a call: no reply comes back (an error is logged on the worker); a plain message that travels
+    in order with every later call on the connection."""
     peer = worker.peer
     if peer is None or peer.death is not None or peer.conn.closed:
         return
-    out = peer.prepare(CALL, [f"{_THIS}:{fn}"], args, {}, f"{fn} on {worker.name}")
+    out = peer.prepare(POST, [f"{_THIS}:{fn}"], args, {}, f"{fn} on {worker.name}")
     try:
         peer.send(out.enc)
     except Exception:  # the connection is gone: the worker's state went with it
@@ -260,14 +260,27 @@ _FORWARDS: dict[int, _Forward] = {}
 _fids = itertools.count(1)
 
 
-async def _forward(kind: str, target: str, obj: Any, spec: list[Any], *flat: Any) -> Any:
+def _forward(kind: str, target: str, obj: Any, spec: list[Any], *flat: Any) -> Any:
+    # plain, not async: a plain function's forward (an embedding lookup) is served inline in the
+    # connection's reader, without a task; an async one's goes on in the task of `_forward_async`
     _raise_failed_commit()
     args, kwargs = _unflatten(spec, list(flat))
     fn = getattr(obj, target) if kind == "method" else this_node().resolve(target)
     with runtime.enable_grad():
         result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
+    if inspect.isawaitable(result):
+        return _forward_async(result, flat)
+    return _recorded_reply(result, flat)
+
+
+async def _forward_async(result: Any, flat: tuple[Any, ...]) -> Any:
+    with runtime.enable_grad():
+        result = await result
+    return _recorded_reply(result, flat)
+
+
+def _recorded_reply(result: Any, flat: tuple[Any, ...]) -> Any:
+    """The forward's reply; its graph kept under a new forward id when an output requires grad."""
     outs: list[Any] = []
     rspec = _flatten(result, outs)
     diff = [o.requires_grad for o in outs]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import trio
 
-from ._peer import target_of, this_node
+from ._connection import ConnectionClosed
+from ._peer import RCALL, UNSET, Peer, Pending, target_of, this_node
 from ._rref import RRef
 
 
@@ -24,8 +26,23 @@ class _LocalOptimizer:
     def step(self) -> None:
         self.opt.step()
 
+    # plain, not async: the worker's reader runs it inline, before it reads the next frame of the
+    # connection (`Peer._serve`), which is what lets `DistributedOptimizer.zero_grad` not wait for it
     def zero_grad(self) -> None:
         self.opt.zero_grad()
+
+
+class _Sent:
+    """A ``zero_grad`` sent to one worker and not waited for: its reply, read at the next settle."""
+
+    __slots__ = ("call_id", "peer", "pending", "timeout", "what")
+
+    def __init__(self, peer: Peer, call_id: int, pending: Pending | None, timeout: float | None, what: str) -> None:
+        self.peer = peer
+        self.call_id = call_id
+        self.pending = pending  # None: the connection was gone when it was to be sent
+        self.timeout = timeout
+        self.what = what
 
 
 class DistributedOptimizer:
@@ -55,6 +72,9 @@ class DistributedOptimizer:
         for r in params_rref:
             self._by_owner.setdefault(r.owner.name, []).append(r)
         self._remote: dict[str, RRef] | None = None
+        self._unsettled: list[_Sent] = []  # the last zero_grad's calls, whose outcome is not read yet
+        # an optimizer dropped with its last zero_grad unread leaves no reply waiting on the connections
+        weakref.finalize(self, _forget, self._unsettled)
 
     async def _ensure(self) -> dict[str, RRef]:
         if self._remote is None:
@@ -77,14 +97,103 @@ class DistributedOptimizer:
             (r,) = remote.values()
             await r.call(method)
             return
+        errors: list[BaseException] = []
+
+        async def one(r: RRef) -> None:
+            try:
+                await r.call(method)
+            except Exception as e:  # one error for the caller, never an ExceptionGroup (as any call)
+                errors.append(e)
+
         async with trio.open_nursery() as n:
             for r in remote.values():
-                n.start_soon(r.call, method)
+                n.start_soon(one, r)
+        if errors:
+            raise errors[0]
 
     async def step(self) -> None:
-        """One step of every worker's optimizer, in parallel; returns when all have stepped."""
+        """One step of every worker's optimizer, in parallel; returns when all have stepped.
+
+        Raises first the error of the last `zero_grad` on a worker, if it had one."""
+        await self._settle()
         await self._each("step")
 
     async def zero_grad(self) -> None:
-        """Reset the gradients of every remote parameter."""
-        await self._each("zero_grad")
+        """Reset the gradients of every remote parameter.
+
+        It does not wait for the workers: it returns once the ``zero_grad`` call is queued on each
+        owner's connection, ahead of every call this process sends that worker later. Each worker serves
+        the calls of a connection in the order they were sent, and runs this one (a plain function) in
+        its reader before it reads the next frame, so every later call from this process (a forward, a
+        backward's commit, `step`) sees the gradients reset. The outcome is read at the next `step` or
+        `zero_grad` of this optimizer: the error a worker's ``zero_grad`` raised, or `WorkerDied` for a
+        worker that died, is raised there (its reply came ahead of the replies to the later calls, so
+        that costs no wait). Calls that other processes (another worker, over `dist.rpc`) make to the
+        owner are not ordered after it.
+        """
+        remote = await self._ensure()
+        await self._settle()
+        for r in remote.values():
+            self._unsettled.append(_send(r, "zero_grad"))
+
+    async def _settle(self) -> None:
+        """Read the outcome of the last `zero_grad` (waiting only for a reply that is not in yet)."""
+        if not self._unsettled:
+            return
+        sent = list(self._unsettled)
+        self._unsettled.clear()
+        error: BaseException | None = None
+        for i, s in enumerate(sent):
+            try:
+                await _outcome(s)
+            except BaseException as e:
+                if error is None:
+                    error = e
+                if isinstance(e, trio.Cancelled):  # the others are read at the next settle
+                    self._unsettled.extend(sent[i + 1 :])
+                    raise
+        if error is not None:
+            raise error
+
+
+def _forget(unsettled: list[_Sent]) -> None:
+    for s in unsettled:
+        s.peer.pending.pop(s.call_id, None)
+
+
+def _send(r: RRef, method: str) -> _Sent:
+    """Send ``r.call(method)`` now (in connection order), without waiting for its reply."""
+    worker = r.owner
+    timeout = worker._timeout(UNSET)
+    peer = worker._live_peer()
+    what = f"{r.type_name}.{method}()"
+    out = peer.prepare(RCALL, [r._id, method], (), {}, what)
+    p = peer.pending[out.call_id] = Pending(None)
+    try:
+        peer.send(out.enc)
+    except ConnectionClosed:
+        del peer.pending[out.call_id]
+        return _Sent(peer, out.call_id, None, timeout, what)
+    peer.node.calls_sent += 1
+    return _Sent(peer, out.call_id, p, timeout, what)
+
+
+async def _outcome(s: _Sent) -> None:
+    peer, p = s.peer, s.pending
+    try:
+        if p is None:
+            await peer._check_alive(wait=True)
+            return
+        if not p.done:
+            if s.timeout is None:
+                await p.wait()
+            else:
+                with trio.move_on_after(s.timeout):
+                    await p.wait()
+                if not p.done:
+                    peer._cancel_remote(s.call_id)
+                    raise TimeoutError(f"{s.what} on {peer.name} did not answer within {s.timeout:g} s")
+    finally:
+        peer.pending.pop(s.call_id, None)
+    if p.error is not None:
+        raise p.error

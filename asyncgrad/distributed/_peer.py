@@ -54,8 +54,9 @@ RESULT = 20  # [RESULT, id, value]
 ERROR = 21  # [ERROR, id, error]
 CANCELLED = 22  # [CANCELLED, id]
 NOTIFY = 23  # [NOTIFY, id, value]: a message from a running call to its caller
+POST = 24  # [POST, id, target, args, kwargs]: a CALL that gets no reply (an error is logged where it ran)
 
-_CALL_LEN = {CALL: 5, RCALL: 6, NEW: 5, FETCH: 3}  # items of a well-formed call message of each kind
+_CALL_LEN = {CALL: 5, RCALL: 6, NEW: 5, FETCH: 3, POST: 5}  # items of a well-formed call message of each kind
 
 DEFAULT_MAX_INFLIGHT_BYTES = 1 << 30
 UNSET: Any = object()  # "the default": a timeout not given falls back to the workers' one
@@ -503,7 +504,7 @@ class Peer:
             else:
                 p.error = RuntimeError(f"the call was cancelled on {self.name}")
             p.set()
-        elif kind in (CALL, RCALL, NEW, FETCH):
+        elif kind in (CALL, RCALL, NEW, FETCH, POST):
             self._serve(msg, problems)
         elif kind == CANCEL:
             if len(msg) != 2 or type(msg[1]) is not int:
@@ -555,18 +556,21 @@ class Peer:
             if inspect.isawaitable(value):
                 handed = self._start(call, value)
                 return
+            if not call.reply:
+                return
             enc, held = call.respond(value)
             del value
             if held or not all(enc.boxes):  # a tensor still being copied out: finish in a task
                 handed = self._start(call, None, None, (enc, held))
                 return
-            self.send(enc)
+            if call.reply:
+                self.send(enc)
         except ConnectionClosed:
             pass
         except trio.Cancelled:
             raise
         except BaseException as e:  # the function's error (or its result's) goes to the caller
-            self._send_error(call_id, e)
+            self._send_error(call, e)
         finally:
             if not handed:
                 call.finish()
@@ -604,14 +608,17 @@ class Peer:
                             del args, kwargs
                         value = await awaitable
                         awaitable = None
+                    if not call.reply:
+                        return
                     enc, held = call.respond(value)
                     del value
                 else:
                     enc, held = staged
                     staged = None
                 await _streams.wait_staged(enc, held)
-                self.send(enc)
-            if scope.cancelled_caught:
+                if call.reply:
+                    self.send(enc)
+            if scope.cancelled_caught and call.reply:
                 self._send_plain([CANCELLED, call_id])
         except trio.Cancelled:
             raise
@@ -619,14 +626,19 @@ class Peer:
             pass
         except BaseException as e:  # the function's error (or its result's) goes to the caller
             if isinstance(e, BaseExceptionGroup) and _only_cancelled(e) and scope.cancel_called:
-                self._send_plain([CANCELLED, call_id])
+                if call.reply:
+                    self._send_plain([CANCELLED, call_id])
             else:
-                self._send_error(call_id, e)
+                self._send_error(call, e)
         finally:
             self.serving.pop(call_id, None)
             call.finish()
 
-    def _send_error(self, call_id: int, e: BaseException) -> None:
+    def _send_error(self, call: _Served, e: BaseException) -> None:
+        call_id = call.call_id
+        if not call.reply:  # a post: nobody waits for an answer
+            log.error("%s: a call posted by %s raised %s: %s", self.node.name, self.name, type(e).__name__, e)
+            return
         try:
             info = error_to_wire(e, plain)
             self._send_plain([ERROR, call_id, info])
@@ -737,12 +749,13 @@ class _Served:
     kernels queue there, nothing is synchronised); the response is staged from that stream, which goes
     back to the pool when the call ends (the pool hands it out again only once its work is done)."""
 
-    __slots__ = ("call_id", "dev", "msg", "peer", "stream")
+    __slots__ = ("call_id", "dev", "msg", "peer", "reply", "stream")
 
     def __init__(self, peer: Peer, msg: list[Any]) -> None:
         self.peer = peer
         self.msg = msg
         self.call_id: int = msg[1]
+        self.reply = msg[0] != POST  # a post's outcome goes nowhere
         node = peer.node
         node.calls_serving += 1
         node.max_calls_serving = max(node.max_calls_serving, node.calls_serving)
