@@ -13,8 +13,9 @@ its leaves that are not inputs of the call (the parameters of the object behind 
 STAGED under a stage id. Each remote node has a hidden local leaf (its *token*); the node's backward
 gives the token a gradient equal to the stage id, so the token is committed by the local engine
 exactly when the whole pass succeeds (all or none, with every other leaf). The token's
-post-accumulate hook then sends the commit to the worker; a pass that fails, is cancelled, or loses a
-worker commits no token, so every worker's `.grad` stays as it was (the staged entries are dropped when
+post-accumulate hook then posts the commit to the worker (a message that gets no reply: one round trip
+per remote node and pass, the backward's); a pass that fails, is cancelled, or loses a worker commits no
+token, so every worker's `.grad` stays as it was (the staged entries are dropped when
 the forward's graph is freed). Commits travel on the same connection ahead of any later call, so
 ``await opt.step()`` after ``await loss.backward()`` sees them.
 
