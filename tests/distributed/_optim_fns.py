@@ -16,10 +16,3 @@ class BadZero(ag.optim.SGD):
 
 def grad_is_none(layer: Any) -> bool:
     return all(p.grad is None for p in layer.parameters())
-
-
-def mappings_made() -> int:
-    """How many fresh mappings `untouched_zeros` made in this process so far."""
-    from asyncgrad.runtime import _row_support
-
-    return _row_support.MAPPINGS_MADE[0]
