@@ -30,6 +30,9 @@ def set_inline_limit(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
     for name, mod in list(sys.modules.items()):
         if name.startswith("asyncgrad") and hasattr(mod, "INLINE_MAX_ELEMENTS"):
             monkeypatch.setattr(mod, "INLINE_MAX_ELEMENTS", limit)
+        # and the bound while several tasks share a device (read when the count of streams taken changes)
+        if name.startswith("asyncgrad") and hasattr(mod, "SHARED_INLINE_MAX_ELEMENTS"):
+            monkeypatch.setattr(mod, "SHARED_INLINE_MAX_ELEMENTS", max(limit, 0))
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..devices import INLINE_MAX_ELEMENTS, Stream
 from ..runtime import _capture
-from ..runtime._dispatch import wait_for
+from ..runtime._dispatch import shared_inline_ok, wait_for
 from ..runtime._node import OpNode, check_saved_versions
 from ..runtime._op import camel
 from ..runtime._tensor import Tensor
@@ -60,7 +60,14 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     gd = g._data
     s = g._stream
     # readiness (`is_ready`) written out on this per-node path: a call per tensor costs ~3% of W2
-    if gd is not None and gd.size <= INLINE_MAX_ELEMENTS and (s is None or s.completed >= g._seq):
+    if (
+        gd is not None
+        and (
+            gd.size <= INLINE_MAX_ELEMENTS
+            or (gd.size <= g._dev.shared_inline_max and shared_inline_ok(node.op, args, gd.size))
+        )
+        and (s is None or s.completed >= g._seq)
+    ):
         arrays = []
         for a in args:
             if isinstance(a, Tensor):

@@ -17,6 +17,8 @@ from ._blas import unboost as blas_unboost
 from ._device import (
     DEFAULT_LANE_NICE,
     INLINE_MAX_ELEMENTS,
+    SHARED_INLINE_MAX_ELEMENTS,
+    SHARED_INLINE_MAX_MACS,
     CPUDevice,
     Device,
     DeviceStatistics,
@@ -34,6 +36,8 @@ __all__ = [
     "DEVICE_TYPES",
     "HOST_CACHE_MIN_BYTES",
     "INLINE_MAX_ELEMENTS",
+    "SHARED_INLINE_MAX_ELEMENTS",
+    "SHARED_INLINE_MAX_MACS",
     "CPUDevice",
     "Device",
     "DeviceStatistics",

@@ -24,6 +24,16 @@ from ._stream import Lane, Stream
 # benchmarks/bench.py W2; numpy ufuncs under ~500 elements do not even release the GIL).
 INLINE_MAX_ELEMENTS = 4096
 
+# When several tasks take streams of one CPU device (many small trainings in one runtime), a kernel whose
+# output and tensor inputs each have at most this many elements runs where its inputs are, on the calling
+# thread, too: there every lane hand-off also waits for the GIL held by the other trainings' Python (W3
+# measured ~1 core busy at any P and 0.3 s more CPU at P >= 2 than one after another). A matmul or linear
+# must also stay under the multiply-adds bound (64x256 @ 256x256: ~0.1 ms on one core), and the ops in
+# `runtime._dispatch`'s deny list (convolutions, pooling, recurrences, attention, einsum) never do, so the
+# loop never runs a heavy kernel.
+SHARED_INLINE_MAX_ELEMENTS = 65536
+SHARED_INLINE_MAX_MACS = 1 << 22
+
 # Lanes run this much "nicer" than the event loop (see `open_runtime`'s ``lane_nice``).
 DEFAULT_LANE_NICE = 0
 
@@ -145,6 +155,10 @@ class Device(Actor):
     def _new_stream(self) -> Stream:
         raise NotImplementedError
 
+    # above `INLINE_MAX_ELEMENTS`, the largest output (and tensor input) a kernel may have to run inline on
+    # the calling thread: 0, or `SHARED_INLINE_MAX_ELEMENTS` while several tasks share a CPU device
+    shared_inline_max = 0
+
     def _streams_in_use(self, n: int) -> None:
         """The pool now has ``n`` streams taken (a device whose kernels share a resource may act on it)."""
 
@@ -215,8 +229,13 @@ class CPUDevice(Device):
         return [lane.thread for lane in self._lanes]
 
     def _streams_in_use(self, n: int) -> None:
+        self.shared_inline_max = SHARED_INLINE_MAX_ELEMENTS if n > 1 else 0
         # a training alone in the process runs its kernels with every lane's BLAS threads (see `_blas`)
         _blas.set_demand(id(self), n if self._lanes else 0, self._lane_count * (self._blas_threads or 1))
+        if n > 1:
+            # kernels now also run inline on this thread, which no lane `sync` covers: a lone training's
+            # full BLAS count left in place made them wake (and, under load, wait for) every pool thread
+            _blas.sync()
 
     def _new_stream(self) -> Stream:
         if not self._lanes:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import HOST_CACHE_MIN_BYTES, INLINE_MAX_ELEMENTS, Stream, lane_empty
+from ..devices import HOST_CACHE_MIN_BYTES, INLINE_MAX_ELEMENTS, SHARED_INLINE_MAX_MACS, Stream, lane_empty
 from . import _capture, _grad_mode
 from ._node import OpNode
 from ._op import _FLOAT_DTYPES, EMPTY, Op, OpError
@@ -59,7 +59,8 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
     stream = None
     # inline needs only ready inputs: a new output cannot race with queued work (in-place updates mark
     # their tensor pending, so readers of it queue behind them)
-    if ready and math.prod(shape) <= INLINE_MAX_ELEMENTS:
+    n = math.prod(shape)
+    if ready and (n <= INLINE_MAX_ELEMENTS or (n <= dev.shared_inline_max and shared_inline_ok(op, args, n))):
         res = kernel(*[a._data if isinstance(a, T) else a for a in args], **kw)
         # the meta dtype is the result's (PyTorch's promotion), whatever numpy would have given
         rd = res.dtype
@@ -78,6 +79,40 @@ def apply(op: Op, args: tuple[Any, ...], kw: dict[str, Any] = EMPTY) -> Any:
         out._grad_fn = node
         out._rg = True
     return out
+
+
+# never run on the calling thread beside other trainings, however small their tensors: their cost is
+# not bounded by the elements they read and write (or they leave the process, or draw random numbers)
+_SHARED_INLINE_NEVER = frozenset(
+    {
+        "avg_pool2d", "avg_pool2d_backward", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "dropout",
+        "einsum", "max_pool2d", "max_pool2d_gather", "max_pool2d_indices", "max_pool2d_scatter",
+        "recurrent_layer", "rpc_stage", "scaled_dot_product_attention", "to",
+    }
+)  # fmt: skip
+_CONTRACTIONS = frozenset({"matmul", "linear"})  # multiply-adds: output elements x the contracted length
+
+
+def shared_inline_ok(op: Op, args: tuple[Any, ...], n: int) -> bool:
+    """Whether ``op`` on ready ``args`` (an output of ``n`` elements, at most the device's shared bound)
+    may run inline while several tasks share the device: every tensor input within the bound too, and a
+    contraction within `SHARED_INLINE_MAX_MACS` (see `devices.SHARED_INLINE_MAX_ELEMENTS`)."""
+    name = op.name
+    if name in _SHARED_INLINE_NEVER:
+        return False
+    limit = 0
+    for a in args:
+        if isinstance(a, Tensor):
+            d = a._data
+            if d is None:
+                return False
+            limit = a._dev.shared_inline_max
+            if d.size > limit:
+                return False
+    if name in _CONTRACTIONS:
+        a = args[0]
+        return isinstance(a, Tensor) and n * (a._shape[-1] if a._shape else 1) <= SHARED_INLINE_MAX_MACS
+    return limit > 0
 
 
 _SCALARS = (int, float, bool)
@@ -124,7 +159,7 @@ def apply1(op: Op, a: Any) -> Any:
     if (
         (s is None or s.completed >= a._seq)
         and data is not None
-        and data.size <= INLINE_MAX_ELEMENTS
+        and ((n := data.size) <= INLINE_MAX_ELEMENTS or n <= a._dev.shared_inline_max)
         and (op.any_kind or a._dtype in op.fast_dtypes)  # else the meta decides (sqrt of an int: float32)
     ):
         out = _wrap(op.kernel(data), a._dev)
@@ -159,7 +194,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
                 and (b._stream is None or b._stream.completed >= b._seq)
                 and a._data is not None
                 and b._data is not None
-                and a._data.size <= INLINE_MAX_ELEMENTS
+                and ((n := a._data.size) <= INLINE_MAX_ELEMENTS or n <= a._dev.shared_inline_max)
             ):
                 out = _wrap(op.kernel(a._data, b._data), a._dev)
                 if (a._rg or b._rg) and op.rule is not None and _grad_mode._grad_enabled.get():
@@ -172,7 +207,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
             if (
                 (a._stream is None or a._stream.completed >= a._seq)
                 and a._data is not None
-                and a._data.size <= INLINE_MAX_ELEMENTS
+                and ((n := a._data.size) <= INLINE_MAX_ELEMENTS or n <= a._dev.shared_inline_max)
                 and (a._dtype in _FLOAT_DTYPES or _scalar_fast(op, a._dtype.kind, b))
             ):
                 out = _wrap(op.kernel(a._data, b), a._dev)
@@ -186,7 +221,7 @@ def apply2(op: Op, a: Any, b: Any) -> Any:
         if (
             (b._stream is None or b._stream.completed >= b._seq)
             and b._data is not None
-            and b._data.size <= INLINE_MAX_ELEMENTS
+            and ((n := b._data.size) <= INLINE_MAX_ELEMENTS or n <= b._dev.shared_inline_max)
             and (b._dtype in _FLOAT_DTYPES or _scalar_fast(op, b._dtype.kind, a))
         ):
             out = _wrap(op.kernel(a, b._data), b._dev)

@@ -43,7 +43,7 @@ def inplace(t: Tensor, fn: Callable[..., Any], *others: Any, write: bool = True)
             vc[0] += 1  # the cell is shared with t's views and base
     stream = current_stream(t._dev)
     ready = is_ready(t) and all(is_ready(o) for o in others if isinstance(o, Tensor))
-    if ready and stream.query() and t.numel() <= INLINE_MAX_ELEMENTS:
+    if ready and stream.query() and ((n := t.numel()) <= INLINE_MAX_ELEMENTS or n <= t._dev.shared_inline_max):
         fn(t._value(), *[o._value() if isinstance(o, Tensor) else o for o in others])
         return t
     wait_for(t, stream)

@@ -159,13 +159,14 @@ async def test_use_stream_makes_a_stream_current_for_a_block() -> None:
         mine = ag.current_stream()
         assert ag.current_stream("cpu") is mine and ag.current_stream(dev) is mine
         other = dev.pool.acquire()
-        x = ag.tensor(np.arange(10_000.0))
+        # above the bound for running inline while two streams are taken (`SHARED_INLINE_MAX_ELEMENTS`)
+        x = ag.tensor(np.arange(100_000.0))
         with ag.use_stream(other) as s:
             assert s is other and ag.current_stream() is other
             y = x * 2.0  # queued on `other`
         assert ag.current_stream() is mine
         assert y._stream is other
-        np.testing.assert_array_equal((await y.ready()).numpy(), np.arange(10_000.0) * 2)
+        np.testing.assert_array_equal((await y.ready()).numpy(), np.arange(100_000.0) * 2)
         dev.pool.release(other)
         assert dev.device_statistics().streams_in_use == 1  # only this task's own stream
 

@@ -93,7 +93,8 @@ async def test_the_callee_runs_on_pool_streams_without_a_sync() -> None:
         with trio.fail_after(TIMEOUT):
             async with dist.open_workers(1, lanes=2) as workers:
                 w = workers[0]
-                x = ag.arange(65536.0).reshape(256, 256)
+                # above the bound for running inline while several streams are taken (two calls at once)
+                x = ag.arange(131072.0).reshape(512, 256)
                 f1 = w.call_nowait(_fns.on_the_call_stream, x)
                 f2 = w.call_nowait(_fns.on_the_call_stream, x)
                 (y1, r1), (y2, r2) = await f1, await f2
@@ -102,7 +103,7 @@ async def test_the_callee_runs_on_pool_streams_without_a_sync() -> None:
                 # ... each call on a pool stream of its own, taken by the RPC layer ...
                 assert r1["stream"] != r2["stream"] and r1["rpc_in_use"] >= 1 and r1["in_use"] >= 1
                 # ... and the response, staged from that same stream, follows those kernels
-                np.testing.assert_array_equal(_values(y1), np.arange(65536.0).reshape(256, 256) * 2)
+                np.testing.assert_array_equal(_values(y1), np.arange(131072.0).reshape(512, 256) * 2)
                 np.testing.assert_array_equal(_values(y2), _values(y1))
 
 

@@ -1,0 +1,81 @@
+"""Medium kernels run where their inputs are while several tasks share a CPU device (many small trainings in
+one runtime), and only then; heavy ones are always queued."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import trio
+
+import asyncgrad as ag
+from asyncgrad.devices import INLINE_MAX_ELEMENTS, SHARED_INLINE_MAX_ELEMENTS, SHARED_INLINE_MAX_MACS
+from asyncgrad.runtime._runtime import current_stream
+
+TIMEOUT = 30
+
+
+def _mlp_grads(x: Any, ws: list[Any]) -> Any:
+    h = ag.relu(x @ ws[0])
+    return ((h @ ws[1]) ** 2).mean()
+
+
+async def test_medium_kernels_run_inline_only_while_tasks_share_the_device() -> None:
+    rng = np.random.default_rng(0)
+    n = 20_000
+    assert INLINE_MAX_ELEMENTS < n <= SHARED_INLINE_MAX_ELEMENTS
+    xs = rng.standard_normal(n)
+    a, w = rng.standard_normal((64, 256)), rng.standard_normal((256, 256))
+    assert 64 * 256 * 256 <= SHARED_INLINE_MAX_MACS < 256 * 256 * 256
+    async with ag.open_runtime(lanes=2) as rt:
+        with trio.fail_after(TIMEOUT):
+            x = ag.tensor(xs)
+            await x.ready()
+            y = x * 2.0
+            assert y._stream is not None  # one task: queued on its lane
+            np.testing.assert_array_equal((await y.ready()).numpy(), xs * 2.0)
+            lone = [ag.tensor(v, requires_grad=True) for v in (a, w, w * 0.5)]
+            loss = _mlp_grads(lone[0], lone[1:])
+            await loss.backward()
+            await rt.synchronize()
+            lone_grads = [t.grad.numpy().copy() for t in lone]
+
+            started, done = trio.Event(), trio.Event()
+
+            async def other() -> None:
+                current_stream(rt.cpu)  # a second task takes a stream of the device
+                started.set()
+                await done.wait()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other)
+                await started.wait()
+                assert rt.cpu.shared_inline_max == SHARED_INLINE_MAX_ELEMENTS
+                z = x * 2.0
+                assert z._stream is None  # ran here, on the loop thread
+                np.testing.assert_array_equal(z.numpy(), xs * 2.0)
+                ta, tw = ag.tensor(a), ag.tensor(w)
+                p = ta @ tw
+                assert p._stream is None  # a product within the multiply-adds bound
+                np.testing.assert_allclose(p.numpy(), a @ w, rtol=1e-12, atol=1e-12)
+                big = ag.tensor(rng.standard_normal((256, 256))) @ tw
+                assert big._stream is not None  # 256^3 multiply-adds: queued
+                huge = ag.tensor(rng.standard_normal(SHARED_INLINE_MAX_ELEMENTS + 1)) * 2.0
+                assert huge._stream is not None  # over the element bound: queued
+                img = ag.tensor(rng.standard_normal((1, 1, 48, 48)))
+                conv = ag.nn.functional.conv2d(img, ag.tensor(rng.standard_normal((2, 1, 3, 3))))
+                assert INLINE_MAX_ELEMENTS < conv.numel() <= SHARED_INLINE_MAX_ELEMENTS
+                assert conv._stream is not None  # never here: a convolution's cost is not bounded by its sizes
+                # a backward pass here gives the lone task's gradients
+                shared = [ag.tensor(v, requires_grad=True) for v in (a, w, w * 0.5)]
+                loss = _mlp_grads(shared[0], shared[1:])
+                await loss.backward()
+                await rt.synchronize()
+                for t, g in zip(shared, lone_grads):
+                    np.testing.assert_allclose(t.grad.numpy(), g, rtol=1e-12, atol=1e-14)
+                done.set()
+            # the other task is gone and its stream back in the pool: queued again
+            assert rt.cpu.shared_inline_max == 0
+            y = x * 2.0
+            assert y._stream is not None
+            np.testing.assert_array_equal((await y.ready()).numpy(), xs * 2.0)
