@@ -210,6 +210,14 @@ class Optimizer:
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _capture_replay_key(self) -> Any:
+        """None: a compiled step's replay re-runs `step` every time to re-make its kernels (their constants can
+        depend on Python state the step advances, e.g. a step count). An optimizer whose step advances no
+        Python state of its own once its state exists returns what its kernels depend on besides
+        `_capture_guard` (its hyperparameters): while that compares equal, the replay reuses the kernels the
+        last re-run made, without running `step` again."""
+        return None
+
     def _capture_guard(self) -> tuple[Any, ...]:
         """What a compiled step's replay of `step` depends on: each parameter, whether it has a ``.grad``
         and its state's keys (a first step creates state, so it is recorded again)."""

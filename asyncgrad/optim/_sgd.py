@@ -71,6 +71,18 @@ class SGD(Optimizer):
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
+    def _capture_replay_key(self) -> Any:
+        # the kernels depend on the groups' hyperparameters and on whether a momentum buffer exists (the
+        # guard's state keys) only; a subclass with its own update or step keeps the re-run
+        cls = type(self)
+        if cls._update is not SGD._update or cls._step is not Optimizer._step or cls.step is not Optimizer.step:
+            return None
+        return tuple(
+            (float(g["lr"]), float(g["momentum"]), float(g["dampening"]), float(g["weight_decay"]),
+             bool(g["nesterov"]), bool(g["maximize"]))
+            for g in self.param_groups
+        )
+
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         lr = float(group["lr"])
         momentum = float(group["momentum"])
