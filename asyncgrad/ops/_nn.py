@@ -477,14 +477,13 @@ def _gelu_meta(a: Tensor, approximate: str) -> tuple[tuple[int, ...], np.dtype[A
 
 def _gelu_grad_from_out(g: np.ndarray, a: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``g * gelu'(a)`` for float32, exact GELU, reading the saved output: ``gelu'(a) = cdf(a) + a pdf(a)`` with
-    ``cdf(a) = out / a`` (to two float32 roundings), no second erf. It is ~14 ufunc passes instead of ~40
+    ``cdf(a) = out / a`` (to two float32 roundings), no second erf. It is ~13 ufunc passes instead of ~40
     (the char GPT's (16, 16, 128) activations: 141 -> ~60 us). Where |a| < 2^-100 (0, and denormal
     ``out``) cdf is its limit 1/2."""
     tiny = np.less(np.abs(a), _GELU_TINY)
-    den = np.add(a, tiny, dtype=a.dtype)  # 1 where tiny
-    num = np.multiply(tiny, _HALF32, dtype=a.dtype)
-    num += out
-    num /= den  # cdf
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 where a is 0: replaced just below
+        num = np.divide(out, a)  # cdf
+    np.copyto(num, _HALF32, where=tiny)
     d = np.multiply(a, a)
     d *= _MINUS_HALF32
     np.exp(d, out=d)

@@ -108,6 +108,14 @@ class SGD(Optimizer):
                 fused_update(p, rows_only, g)
                 return
 
+            if wd == 0.0 and not maximize:
+                # (the common case, without grad_term's call: a compiled step replays one such kernel a parameter)
+                def plain_sgd(pa: np.ndarray, ga: np.ndarray, alpha: float = -lr) -> None:
+                    add_scaled(pa, alpha, ga)
+
+                fused_update(p, plain_sgd, g)
+                return
+
             def plain(pa: np.ndarray, ga: np.ndarray) -> None:
                 d = grad_term(pa, ga, maximize, wd)
                 add_scaled(pa, -lr, d)  # one pass over memory where BLAS can
