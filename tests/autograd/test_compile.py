@@ -286,6 +286,7 @@ async def test_sgd_reuses_its_kernels_until_its_hyperparameters_change(rt, monke
         s1, s2 = ag.optim.lr_scheduler.StepLR(o1, 3, 0.5), ag.optim.lr_scheduler.StepLR(o2, 3, 0.5)
         eager, step = make_step(m1, o1), ag.compile(make_step(m2, o2))
         n_params = len(list(m2.parameters()))
+        last = None
         with trio.fail_after(30):
             for i, (x, y) in enumerate(batches("mlp", 10)):
                 if i == 7:
