@@ -219,11 +219,13 @@ class Optimizer:
         return None
 
     def _capture_guard(self) -> tuple[Any, ...]:
-        """What a compiled step's replay of `step` depends on: each parameter, whether it has a ``.grad``
-        and its state's keys (a first step creates state, so it is recorded again)."""
+        """What a compiled step's replay of `step` depends on: each parameter, whether it has a ``.grad``,
+        its state's keys (a first step creates state, so it is recorded again) and which tensors its state
+        holds (a loaded state dict puts other ones there: the program reads the recorded ones)."""
         st = self.state
         return tuple(
-            (id(p), p._grad is None, tuple(st[p]) if p in st else ())
+            (id(p), p._grad is None,
+             tuple((k, id(v)) if isinstance(v, Tensor) else k for k, v in st[p].items()) if p in st else ())
             for group in self.param_groups
             for p in group["params"]
         )

@@ -72,8 +72,9 @@ class SGD(Optimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     def _capture_replay_key(self) -> Any:
-        # the kernels depend on the groups' hyperparameters and on whether a momentum buffer exists (the
-        # guard's state keys) only; a subclass with its own update or step keeps the re-run
+        # besides what the guard checks (parameters, .grad None or not, the state's keys and tensors), the
+        # kernels depend on the groups' hyperparameters only; a subclass with its own update or step keeps
+        # the re-run
         cls = type(self)
         if cls._update is not SGD._update or cls._step is not Optimizer._step or cls.step is not Optimizer.step:
             return None

@@ -312,6 +312,27 @@ async def test_sgd_reuses_its_kernels_until_its_hyperparameters_change(rt, monke
         assert st.replays >= 7 and st.fallback_reason is None
 
 
+async def test_sgd_state_loaded_between_replays(rt):
+    """An SGD whose state is loaded between replays (its momentum buffers other tensors now): the replay
+    re-makes its kernels over the new buffers, still bit for bit the eager training."""
+    m1, o1, m2, o2 = twin("mlp", "sgd")
+    eager, step = step_fn("mlp", m1, o1), ag.compile(step_fn("mlp", m2, o2))
+    with trio.fail_after(30):
+        saved = None
+        for i, (x, y) in enumerate(batches("mlp", 10)):
+            if i == 4:
+                await ag.current_runtime().synchronize()
+                saved = (o1.state_dict(), o2.state_dict())
+            if i == 7:
+                o1.load_state_dict(saved[0])
+                o2.load_state_dict(saved[1])
+            await eager(x, y)
+            await step(x, y)
+            await ag.current_runtime().synchronize()
+            assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+    assert step.statistics().fallback_reason is None
+
+
 async def test_fallback_inplace_on_a_tensor_made_in_the_step(rt):
     def extra(m, out):
         t = ag.zeros(out.shape)
