@@ -678,6 +678,7 @@ class _Program:
         self.ext_tensors = [t for _, t in self.ext]
         self.ext_guard = [(t, t._shape, t._dtype, t._dev) for t in self.ext_tensors]
         self.last_seqs: collections.deque[int] = collections.deque(maxlen=_RUN_AHEAD)
+        self.regen_cache: dict[int, tuple[Any, list[Any]]] = {}  # segment's instruction -> (key, its kernels)
 
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         """None when this program applies to a call with these arguments now, else why not."""
@@ -731,6 +732,13 @@ class _Program:
         for ins in self.instrs:
             if type(ins) is int:
                 seg = self.segments[ins]
+                # an optimizer whose step has no Python state of its own to advance (`_capture_replay_key`)
+                # makes the same kernels while its key stays the same: reuse them, without re-running it
+                key = seg[0]._capture_replay_key()
+                made = self.regen_cache.get(ins)
+                if key is not None and made is not None and made[0] == key:
+                    flat.extend(made[1])
+                    continue
                 self._set_grads(seg[1], fresh)
                 regen = _Regen(slot_of, threading.get_ident())
                 # (synchronous: no other task runs meanwhile; another task's recording is put back after)
@@ -740,6 +748,8 @@ class _Program:
                 finally:
                     _capture.active = prev
                 flat.extend(regen.instrs)
+                if key is not None:
+                    self.regen_cache[ins] = (key, regen.instrs)
             else:
                 flat.append(ins)
         for leaf, _, _, fin in self.leaves:

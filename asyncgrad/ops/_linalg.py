@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import string
 from typing import Any
 
@@ -21,8 +22,9 @@ from ..runtime._dispatch import apply
 from ..runtime._meta import broadcast_shapes
 from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
-from ..runtime._xp import register_xp, sum_to
+from ..runtime._xp import NP, register_xp, sum_to
 from ._elementwise import where
+from ._rows import col_sum
 from ._shape import broadcast_to, expand_dims
 
 _meta_cache: dict[tuple[Any, ...], tuple[tuple[int, ...], np.dtype[Any]]] = {}
@@ -394,7 +396,7 @@ def _linear_kernel(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.nda
 def _linear_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     x, w, _ = args
     n_out, n_in = w.shape
-    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    rows = math.prod(x.shape[:-1])
     gx = gw = gb = None
     g2 = xp.reshape(g, (rows, n_out))
     if needs[0]:
@@ -404,7 +406,7 @@ def _linear_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> t
         # (out, rows) @ (rows, in): a fresh C-contiguous array, so AccumulateGrad can steal it
         gw = xp.matmul(xp.swapaxes(g2, 0, 1), xp.reshape(x, (rows, n_in)))
     if needs[2]:
-        gb = xp.sum(g2, 0)
+        gb = col_sum(g2) if xp is NP else xp.sum(g2, 0)
     return (gx, gw, gb)
 
 

@@ -73,7 +73,11 @@ def _perm_meta(a: Tensor, axes: tuple[int, ...]) -> tuple[tuple[int, ...], np.dt
 
 
 def _perm_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
-    return (xp.transpose(g, tuple(np.argsort(kw["axes"]))),)
+    axes = kw["axes"]
+    inv = [0] * len(axes)
+    for i, a in enumerate(axes):  # the inverse permutation (np.argsort's, without its ~2 us a call)
+        inv[a] = i
+    return (xp.transpose(g, tuple(inv)),)
 
 
 OP_PERMUTE = defop("permute", lambda a, axes: np.transpose(a, axes), _perm_meta, _perm_rule, saves=(), view=True)

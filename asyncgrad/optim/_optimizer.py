@@ -210,12 +210,22 @@ class Optimizer:
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _capture_replay_key(self) -> Any:
+        """None: a compiled step's replay re-runs `step` every time to re-make its kernels (their constants can
+        depend on Python state the step advances, e.g. a step count). An optimizer whose step advances no
+        Python state of its own once its state exists returns what its kernels depend on besides
+        `_capture_guard` (its hyperparameters): while that compares equal, the replay reuses the kernels the
+        last re-run made, without running `step` again."""
+        return None
+
     def _capture_guard(self) -> tuple[Any, ...]:
-        """What a compiled step's replay of `step` depends on: each parameter, whether it has a ``.grad``
-        and its state's keys (a first step creates state, so it is recorded again)."""
+        """What a compiled step's replay of `step` depends on: each parameter, whether it has a ``.grad``,
+        its state's keys (a first step creates state, so it is recorded again) and which tensors its state
+        holds (a loaded state dict puts other ones there: the program reads the recorded ones)."""
         st = self.state
         return tuple(
-            (id(p), p._grad is None, tuple(st[p]) if p in st else ())
+            (id(p), p._grad is None,
+             tuple((k, id(v)) if isinstance(v, Tensor) else k for k, v in st[p].items()) if p in st else ())
             for group in self.param_groups
             for p in group["params"]
         )

@@ -71,6 +71,19 @@ class SGD(Optimizer):
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
+    def _capture_replay_key(self) -> Any:
+        # besides what the guard checks (parameters, .grad None or not, the state's keys and tensors), the
+        # kernels depend on the groups' hyperparameters only; a subclass with its own update or step keeps
+        # the re-run
+        cls = type(self)
+        if cls._update is not SGD._update or cls._step is not Optimizer._step or cls.step is not Optimizer.step:
+            return None
+        return tuple(
+            (float(g["lr"]), float(g["momentum"]), float(g["dampening"]), float(g["weight_decay"]),
+             bool(g["nesterov"]), bool(g["maximize"]))
+            for g in self.param_groups
+        )
+
     def _update(self, p: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         lr = float(group["lr"])
         momentum = float(group["momentum"])
@@ -94,6 +107,14 @@ class SGD(Optimizer):
                     pa[rows] = part
 
                 fused_update(p, rows_only, g)
+                return
+
+            if wd == 0.0 and not maximize:
+                # (the common case, without grad_term's call: a compiled step replays one such kernel a parameter)
+                def plain_sgd(pa: np.ndarray, ga: np.ndarray, alpha: float = -lr) -> None:
+                    add_scaled(pa, alpha, ga)
+
+                fused_update(p, plain_sgd, g)
                 return
 
             def plain(pa: np.ndarray, ga: np.ndarray) -> None:

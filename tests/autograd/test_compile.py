@@ -249,6 +249,90 @@ async def test_grad_kept_and_lr_schedule(rt):
     assert st.replays >= 5 and st.fallback_reason is None
 
 
+async def test_sgd_reuses_its_kernels_until_its_hyperparameters_change(rt, monkeypatch):
+    """SGD's step advances no Python state once its momentum buffers exist: a replay reuses the kernels the
+    last re-run of `step` made while the hyperparameters stay the same, and re-makes them when a schedule
+    (or a hand edit) changes them; a subclass with its own `_update` is re-run on every replay."""
+    calls = [0]
+    sgd_update = ag.optim.SGD._update
+
+    def counting(self, p, g, group, state):
+        calls[0] += 1
+        sgd_update(self, p, g, group, state)
+
+    monkeypatch.setattr(ag.optim.SGD, "_update", counting)  # (SGD's own update still: it may reuse)
+
+    class CountingSGD(ag.optim.SGD):
+        def _update(self, p, g, group, state):
+            super()._update(p, g, group, state)
+
+    def make(cls):
+        ag.manual_seed(0)
+        m = MLP()
+        return m, cls(m.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+
+    def make_step(model, opt):
+        async def fn(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            await loss.backward()
+            opt.step()
+            return loss
+
+        return fn
+
+    for cls in (ag.optim.SGD, CountingSGD):
+        (m1, o1), (m2, o2) = make(cls), make(cls)
+        s1, s2 = ag.optim.lr_scheduler.StepLR(o1, 3, 0.5), ag.optim.lr_scheduler.StepLR(o2, 3, 0.5)
+        eager, step = make_step(m1, o1), ag.compile(make_step(m2, o2))
+        n_params = len(list(m2.parameters()))
+        last = None
+        with trio.fail_after(30):
+            for i, (x, y) in enumerate(batches("mlp", 10)):
+                if i == 7:
+                    for o in (o1, o2):
+                        o.param_groups[0]["momentum"] = 0.5
+                calls[0] = 0
+                l1 = await eager(x, y)
+                eager_calls = calls[0]
+                calls[0] = 0
+                hyper = (o2.param_groups[0]["lr"], o2.param_groups[0]["momentum"])
+                l2 = await step(x, y)
+                await ag.current_runtime().synchronize()
+                assert l1.numpy().tobytes() == l2.numpy().tobytes()
+                assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+                assert eager_calls == n_params
+                if i >= 3:  # replays (steps 0-1 eager, 2 recorded)
+                    reused = cls is ag.optim.SGD and hyper == last
+                    assert calls[0] == (0 if reused else n_params), (cls, i, calls[0])
+                last = hyper
+                s1.step()
+                s2.step()
+        st = step.statistics()
+        assert st.replays >= 7 and st.fallback_reason is None
+
+
+async def test_sgd_state_loaded_between_replays(rt):
+    """An SGD whose state is loaded between replays (its momentum buffers other tensors now): the replay
+    re-makes its kernels over the new buffers, still bit for bit the eager training."""
+    m1, o1, m2, o2 = twin("mlp", "sgd")
+    eager, step = step_fn("mlp", m1, o1), ag.compile(step_fn("mlp", m2, o2))
+    with trio.fail_after(30):
+        saved = None
+        for i, (x, y) in enumerate(batches("mlp", 10)):
+            if i == 4:
+                await ag.current_runtime().synchronize()
+                saved = (o1.state_dict(), o2.state_dict())
+            if i == 7:
+                o1.load_state_dict(saved[0])
+                o2.load_state_dict(saved[1])
+            await eager(x, y)
+            await step(x, y)
+            await ag.current_runtime().synchronize()
+            assert_same(state_arrays(m1, o1), state_arrays(m2, o2))
+    assert step.statistics().fallback_reason is None
+
+
 async def test_fallback_inplace_on_a_tensor_made_in_the_step(rt):
     def extra(m, out):
         t = ag.zeros(out.shape)
