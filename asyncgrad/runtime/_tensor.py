@@ -14,6 +14,7 @@ import trio
 
 from ..devices import Device, Stream
 from . import _capture
+from ._row_support import handed_out
 from ._runtime import _task_streams, current_runtime
 from ._sync_access import blocking_wait
 
@@ -275,6 +276,7 @@ class Tensor:
             s = ts.by_device.get(self._dev)
             if s is not None and s.completed < s.submitted:
                 blocking_wait(s.synchronize_blocking)
+        handed_out(data)  # writes through it are not versioned: its memory is not recycled (`_row_support`)
         return data
 
     def item(self) -> Any:

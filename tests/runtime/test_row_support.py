@@ -10,6 +10,7 @@ import trio
 
 import asyncgrad as ag
 from asyncgrad import runtime
+from asyncgrad.runtime import _row_support
 
 ROWS, DIM = 6000, 64  # 3 MB in float64: the untouched (mmap) zeros path
 
@@ -30,7 +31,7 @@ async def test_embedding_backward_matches_add_at(rt, n: int) -> None:
     with trio.fail_after(30):
         (gw,) = await ag.autograd.grad([ag.embedding(ag.tensor(ids), w)], [w], [ag.tensor(g)])
         await rt.synchronize()
-    np.testing.assert_allclose(gw.numpy(), _ref_grad(n, ids, g), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(gw.numpy(), _ref_grad(n, ids, g))  # the same sums in the same order
     rows = runtime.noted_rows(gw.numpy())
     assert rows is not None and sorted(rows.tolist()) == sorted(set(ids.ravel().tolist()))
 
@@ -113,3 +114,53 @@ async def test_binding_follows_the_version_counter(rt) -> None:
     runtime.bind_rows(t)
     runtime.unbind_rows(t)
     assert not runtime.rows_bound(t)
+
+
+async def _bound_grad(rt, rng: np.random.Generator) -> tuple[ag.Tensor, np.ndarray]:
+    """An embedding's gradient of a (ROWS, DIM) table, bound as a commit binds it; and its rows."""
+    w = ag.tensor(np.zeros((ROWS, DIM)), requires_grad=True)
+    ids = rng.integers(0, ROWS, size=(50,))
+    (g,) = await ag.autograd.grad([ag.embedding(ag.tensor(ids), w)], [w], [ag.tensor(rng.standard_normal((50, DIM)))])
+    await rt.synchronize()
+    runtime.bind_rows(g)
+    return g, np.unique(ids)
+
+
+def _fresh_is_zero() -> bool:
+    z = runtime.untouched_zeros((ROWS, DIM), np.float64)
+    return not z.any()
+
+
+async def test_a_bound_gradient_nobody_wrote_is_recycled_all_zero(rt) -> None:
+    rng = np.random.default_rng(3)
+    with trio.fail_after(30):
+        g, rows = await _bound_grad(rt, rng)
+        assert rows.size > 1
+        before = _row_support.pooled_bytes()
+        del g  # the last view of its mapping: its rows are cleared and the mapping kept
+        assert _row_support.pooled_bytes() == before + ROWS * DIM * 8
+        assert _fresh_is_zero()  # the recycled mapping (its pages mapped already) reads all zero
+
+
+@pytest.mark.parametrize("how", ["in_place", "view_in_place", "numpy", "before_bind"])
+async def test_a_gradient_written_elsewhere_is_not_recycled(rt, how: str) -> None:
+    rng = np.random.default_rng(4)
+    with trio.fail_after(30):
+        w = ag.tensor(np.zeros((ROWS, DIM)), requires_grad=True)
+        ids = ag.tensor(rng.integers(0, ROWS, size=(50,)))
+        (g,) = await ag.autograd.grad([ag.embedding(ids, w)], [w], [ag.tensor(rng.standard_normal((50, DIM)))])
+        await rt.synchronize()
+        if how == "before_bind":  # written before the commit binds it: the kernel's rows are not all
+            g.add_(1.0)
+        runtime.bind_rows(g)
+        if how == "in_place":
+            g.add_(1.0)
+        elif how == "view_in_place":
+            g[ROWS - 1].fill_(2.0)
+        elif how == "numpy":
+            g.numpy()[0, :] = 3.0  # not versioned: the array left asyncgrad's view
+        await rt.synchronize()
+        before = _row_support.pooled_bytes()
+        del g
+        assert _row_support.pooled_bytes() == before  # let go, not kept
+        assert _fresh_is_zero()
