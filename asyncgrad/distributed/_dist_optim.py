@@ -26,18 +26,22 @@ class _LocalOptimizer:
     def step(self) -> None:
         self.opt.step()
 
-    # plain, not async: the worker's reader runs it inline, before it reads the next frame of the
-    # connection (`Peer._serve`), which is what lets `DistributedOptimizer.zero_grad` not wait for it
+    # plain, not async (both): the worker's reader runs them inline, before it reads the next frame of
+    # the connection (`Peer._serve`), which is what lets `DistributedOptimizer.step` and `zero_grad`
+    # not wait for them
     def zero_grad(self) -> None:
         self.opt.zero_grad()
 
 
 class _Sent:
-    """A ``zero_grad`` sent to one worker and not waited for: its reply, read at the next settle."""
+    """A ``step`` or ``zero_grad`` sent to one worker and not waited for: its reply, read at a later settle."""
 
-    __slots__ = ("call_id", "peer", "pending", "timeout", "what")
+    __slots__ = ("call_id", "method", "peer", "pending", "timeout", "what")
 
-    def __init__(self, peer: Peer, call_id: int, pending: Pending | None, timeout: float | None, what: str) -> None:
+    def __init__(
+        self, peer: Peer, call_id: int, pending: Pending | None, timeout: float | None, what: str, method: str
+    ) -> None:
+        self.method = method
         self.peer = peer
         self.call_id = call_id
         self.pending = pending  # None: the connection was gone when it was to be sent
@@ -72,7 +76,7 @@ class DistributedOptimizer:
         for r in params_rref:
             self._by_owner.setdefault(r.owner.name, []).append(r)
         self._remote: dict[str, RRef] | None = None
-        self._unsettled: list[_Sent] = []  # the last zero_grad's calls, whose outcome is not read yet
+        self._unsettled: list[_Sent] = []  # calls of the last step / zero_grad whose outcome is not read yet
         # an optimizer dropped with its last zero_grad unread leaves no reply waiting on the connections
         weakref.finalize(self, _forget, self._unsettled)
 
@@ -91,32 +95,26 @@ class DistributedOptimizer:
             self._remote = made
         return self._remote
 
-    async def _each(self, method: str) -> None:
-        remote = await self._ensure()
-        if len(remote) == 1:  # one owner (a parameter server): no task to start
-            (r,) = remote.values()
-            await r.call(method)
-            return
-        errors: list[BaseException] = []
-
-        async def one(r: RRef) -> None:
-            try:
-                await r.call(method)
-            except Exception as e:  # one error for the caller, never an ExceptionGroup (as any call)
-                errors.append(e)
-
-        async with trio.open_nursery() as n:
-            for r in remote.values():
-                n.start_soon(one, r)
-        if errors:
-            raise errors[0]
-
     async def step(self) -> None:
-        """One step of every worker's optimizer, in parallel; returns when all have stepped.
+        """One step of every worker's optimizer (all of them at once).
 
-        Raises first the error of the last `zero_grad` on a worker, if it had one."""
-        await self._settle()
-        await self._each("step")
+        Like `zero_grad`, it does not wait for the workers: it returns once the ``step`` call is queued on
+        each owner's connection, ahead of every call this process sends that worker later. Each worker
+        serves a connection's calls in the order they were sent, and runs this one (a plain function,
+        as every asyncgrad optimizer's ``step`` is) in its reader before it reads the next frame; the
+        update's kernels mark the parameters pending, so every later call from this process (a forward,
+        ``to_here``, a method reading the parameters) sees them stepped. Calls that other processes make
+        to the owner are not ordered after it.
+
+        The outcome is read later, without a round trip of its own: at the next `step` (waiting for the
+        reply if it is not in yet, which it is unless the worker is slow), or at a `zero_grad` once the
+        reply is in. The error a worker's ``step`` raised, or `WorkerDied` for a worker that died, is
+        raised there, with a note naming the call. Raises first the outcome of the last `zero_grad`.
+        """
+        remote = await self._ensure()
+        await self._settle(steps=True)
+        for r in remote.values():
+            self._unsettled.append(_send(r, "step"))
 
     async def zero_grad(self) -> None:
         """Reset the gradients of every remote parameter.
@@ -129,29 +127,37 @@ class DistributedOptimizer:
         `zero_grad` of this optimizer: the error a worker's ``zero_grad`` raised, or `WorkerDied` for a
         worker that died, is raised there (its reply came ahead of the replies to the later calls, so
         that costs no wait). Calls that other processes (another worker, over `dist.rpc`) make to the
-        owner are not ordered after it.
+        owner are not ordered after it. Raises first the outcome of an earlier `step` whose reply is in.
         """
         remote = await self._ensure()
-        await self._settle()
+        await self._settle(steps=False)
         for r in remote.values():
             self._unsettled.append(_send(r, "zero_grad"))
 
-    async def _settle(self) -> None:
-        """Read the outcome of the last `zero_grad` (waiting only for a reply that is not in yet)."""
+    async def _settle(self, *, steps: bool) -> None:
+        """Read the outcomes of the calls sent and not read yet, waiting for a reply not in yet, except
+        (``steps`` False) a step's: that one is left for later."""
         if not self._unsettled:
             return
         sent = list(self._unsettled)
         self._unsettled.clear()
         error: BaseException | None = None
         for i, s in enumerate(sent):
+            if not steps and s.method == "step" and s.pending is not None and not s.pending.done:
+                self._unsettled.append(s)
+                continue
             try:
                 await _outcome(s)
             except BaseException as e:
-                if error is None:
-                    error = e
                 if isinstance(e, trio.Cancelled):  # the others are read at the next settle
                     self._unsettled.extend(sent[i + 1 :])
                     raise
+                if error is None:
+                    e.add_note(
+                        f"(the outcome of {s.what} on {s.peer.name}, sent by an earlier "
+                        f"DistributedOptimizer.{s.method}() and read at this call)"
+                    )
+                    error = e
         if error is not None:
             raise error
 
@@ -173,9 +179,9 @@ def _send(r: RRef, method: str) -> _Sent:
         peer.send(out.enc)
     except ConnectionClosed:
         del peer.pending[out.call_id]
-        return _Sent(peer, out.call_id, None, timeout, what)
+        return _Sent(peer, out.call_id, None, timeout, what, method)
     peer.node.calls_sent += 1
-    return _Sent(peer, out.call_id, p, timeout, what)
+    return _Sent(peer, out.call_id, p, timeout, what, method)
 
 
 async def _outcome(s: _Sent) -> None:

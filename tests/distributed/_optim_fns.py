@@ -16,3 +16,10 @@ class BadZero(ag.optim.SGD):
 
 def grad_is_none(layer: Any) -> bool:
     return all(p.grad is None for p in layer.parameters())
+
+
+class BadStep(ag.optim.SGD):
+    """SGD whose ``step`` raises."""
+
+    def step(self, closure: Any = None) -> Any:
+        raise ValueError("step boom on the worker")

@@ -1,6 +1,7 @@
-"""`DistributedOptimizer.zero_grad` does not wait for the workers: every later call from this process sees
-the gradients reset (connection order), and its outcome (an error, a dead worker) is raised by the next
-`step` or `zero_grad`. Checked over real worker processes against the same training in one process."""
+"""`DistributedOptimizer.zero_grad` and `step` do not wait for the workers: every later call from this
+process sees the gradients reset and the parameters stepped (connection order), and their outcome (an
+error, a dead worker) is raised by a later `step` or `zero_grad`. Checked over real worker processes
+against the same training in one process."""
 
 from __future__ import annotations
 
@@ -82,3 +83,42 @@ async def test_a_worker_dying_after_zero_grad_raises_worker_died_at_the_next_ste
                     await opt.zero_grad()
             assert ei.value.worker == "worker0"
             assert await lb.call("grads") == [None, None]  # the other worker carried on
+
+
+async def test_a_step_is_ordered_before_every_later_call(rt) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_workers(1) as ws:
+            la = await ws[0].remote(F.Layer, 3, 2, 1)
+            A = F.Layer(3, 2, 1)
+            opt = dist.DistributedOptimizer(ag.optim.SGD, [la], lr=0.1)
+            lopt = ag.optim.SGD(A.parameters(), lr=0.1)
+            rng = np.random.default_rng(1)
+            for _ in range(6):
+                x = ag.tensor(rng.standard_normal((4, 3)))
+                await (await la.call("forward", x)).sum().backward()
+                await A.forward(x).sum().backward()
+                await opt.step()
+                lopt.step()
+                # the very next call, sent without waiting for the step's reply, reads stepped parameters
+                for got, want in zip(await la.call("params"), A.params()):
+                    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-10)
+                await opt.zero_grad()
+                lopt.zero_grad()
+
+
+async def test_a_failed_step_raises_at_the_next_step(rt) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_workers(1) as ws:
+            la = await ws[0].remote(F.Layer, 3, 2, 1)
+            opt = dist.DistributedOptimizer(O.BadStep, [la], lr=0.1)
+            await opt.step()  # returns: the worker's error is not read yet
+            with pytest.raises(ValueError, match="step boom on the worker") as ei:
+                await opt.step()
+            assert any("DistributedOptimizer.step()" in n for n in getattr(ei.value, "__notes__", []))
+            # raised before sending another: nothing is outstanding now
+            await opt.zero_grad()
+            await opt.step()
+            assert await la.call("grads") == [None, None]  # served after the step, whose reply came first
+            with pytest.raises(ValueError, match="step boom on the worker"):
+                await opt.zero_grad()  # that reply is in: read here, not left for the next step
+            await opt.zero_grad()  # raised once
