@@ -8,6 +8,7 @@ import numpy as np
 
 import asyncgrad as ag
 from asyncgrad import distributed as dist
+from asyncgrad.runtime import _row_support
 
 ROWS, DIM = 20_000, 16  # 2.5 MB in float64: the embedding's untouched-zeros gradient
 
@@ -68,6 +69,14 @@ class BigTable:
 
     def value(self) -> Any:
         return self.weight.detach()
+
+    def grad(self) -> Any:
+        return self.weight.grad.detach()  # a copy goes back (staged), nothing is handed out raw
+
+
+def pooled_bytes() -> int:
+    """(on a worker) Bytes of cleared gradient mappings kept for reuse there."""
+    return _row_support.pooled_bytes()
 
 
 # ---- chains: code on one worker calling another ---------------------------------------------------------
