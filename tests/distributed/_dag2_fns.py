@@ -74,8 +74,10 @@ class BigTable:
         return self.weight.grad.detach()  # a copy goes back (staged), nothing is handed out raw
 
 
-def pooled_bytes() -> int:
-    """(on a worker) Bytes of cleared gradient mappings kept for reuse there."""
+async def pooled_bytes() -> int:
+    """(on a worker) Bytes of cleared gradient mappings kept for reuse there, once the kernels queued so far
+    ran (a gradient an update kernel still reads dies when that kernel is done)."""
+    await ag.runtime.current_runtime().synchronize()
     return _row_support.pooled_bytes()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from . import _optim_fns as O
 from .conftest import TIMEOUT
 
 
-async def test_zero_grad_is_ordered_before_every_later_call(rt) -> None:
+async def test_zero_grad_and_step_are_ordered_before_every_later_call(rt) -> None:
     with trio.fail_after(TIMEOUT):
         async with dist.open_workers(1) as ws:
             la = await ws[0].remote(F.Layer, 3, 2, 1)
@@ -45,15 +46,22 @@ async def test_zero_grad_is_ordered_before_every_later_call(rt) -> None:
                     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-10)
                 await opt.step()
                 lopt.step()
+                if i % 3 == 2:  # the very next call, sent without waiting for the step, reads it stepped
+                    for got, want in zip(await la.call("params"), A.params()):
+                        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-10)
             for got, want in zip(await la.call("params"), A.params()):
                 np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-10)
+
+
+async def _layer_and_optimizer(w: dist.Worker, optimizer_class: Any) -> tuple[Any, dist.DistributedOptimizer]:
+    la = await w.remote(F.Layer, 3, 2, 1)
+    return la, dist.DistributedOptimizer(optimizer_class, [la], lr=0.1)
 
 
 async def test_a_failed_zero_grad_raises_at_the_next_step_or_zero_grad(rt) -> None:
     with trio.fail_after(TIMEOUT):
         async with dist.open_workers(1) as ws:
-            la = await ws[0].remote(F.Layer, 3, 2, 1)
-            opt = dist.DistributedOptimizer(O.BadZero, [la], lr=0.1)
+            la, opt = await _layer_and_optimizer(ws[0], O.BadZero)
             await opt.zero_grad()  # returns: the worker's error is not in yet
             with pytest.raises(ValueError, match="zero_grad boom on the worker"):
                 await opt.step()
@@ -85,32 +93,10 @@ async def test_a_worker_dying_after_zero_grad_raises_worker_died_at_the_next_ste
             assert await lb.call("grads") == [None, None]  # the other worker carried on
 
 
-async def test_a_step_is_ordered_before_every_later_call(rt) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with dist.open_workers(1) as ws:
-            la = await ws[0].remote(F.Layer, 3, 2, 1)
-            A = F.Layer(3, 2, 1)
-            opt = dist.DistributedOptimizer(ag.optim.SGD, [la], lr=0.1)
-            lopt = ag.optim.SGD(A.parameters(), lr=0.1)
-            rng = np.random.default_rng(1)
-            for _ in range(6):
-                x = ag.tensor(rng.standard_normal((4, 3)))
-                await (await la.call("forward", x)).sum().backward()
-                await A.forward(x).sum().backward()
-                await opt.step()
-                lopt.step()
-                # the very next call, sent without waiting for the step's reply, reads stepped parameters
-                for got, want in zip(await la.call("params"), A.params()):
-                    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-10)
-                await opt.zero_grad()
-                lopt.zero_grad()
-
-
 async def test_a_failed_step_raises_at_the_next_step(rt) -> None:
     with trio.fail_after(TIMEOUT):
         async with dist.open_workers(1) as ws:
-            la = await ws[0].remote(F.Layer, 3, 2, 1)
-            opt = dist.DistributedOptimizer(O.BadStep, [la], lr=0.1)
+            la, opt = await _layer_and_optimizer(ws[0], O.BadStep)
             await opt.step()  # returns: the worker's error is not read yet
             with pytest.raises(ValueError, match="step boom on the worker") as ei:
                 await opt.step()
