@@ -46,11 +46,11 @@ class _Life:
 
     __slots__ = ("cell", "escaped", "mm", "nbytes", "nrows", "ref", "rows", "whole")
 
-    def __init__(self, mm: mmap.mmap, nbytes: int, nrows: int, whole: int) -> None:
+    def __init__(self, mm: mmap.mmap, nbytes: int, nrows: int, whole: np.ndarray) -> None:
         self.mm = mm
         self.nbytes = nbytes
         self.nrows = nrows
-        self.whole = whole  # id() of the array handed out (the rows are noted on it alone)
+        self.whole = weakref.ref(whole)  # the array handed out (the rows are noted on it alone)
         self.rows: np.ndarray | None = None
         # the version counter of the tensor it was bound through, at 0 then: recycled if still at 0
         self.cell: list[Any] | None = None
@@ -85,7 +85,7 @@ def untouched_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     z = flat.reshape(shape)
     if len(shape) >= 2:
         key = id(flat)
-        life = _Life(mm, n, shape[0], id(z))
+        life = _Life(mm, n, shape[0], z)
         life.ref = weakref.ref(flat, lambda _: _ended(key))
         with _lock:
             _lives[key] = life
@@ -112,15 +112,15 @@ def _ended(key: int) -> None:
     if rows is None or cell is None or cell[0] != 0 or life.escaped:
         return  # the mapping goes with `mm`
     n = life.nbytes
-    with _lock:
-        if _pooled[0] + n > _POOL_MAX_BYTES:
-            return
+    if _pooled[0] + n > _POOL_MAX_BYTES:  # (checked again below, under the lock)
+        return
     view = np.frombuffer(mm, np.uint8).reshape(life.nrows, n // life.nrows)
     view[rows] = 0  # the only rows written: a few hundred of them, microseconds
     del view
     with _lock:
-        _pool.setdefault(n, []).append(mm)
-        _pooled[0] += n
+        if _pooled[0] + n <= _POOL_MAX_BYTES:
+            _pool.setdefault(n, []).append(mm)
+            _pooled[0] += n
 
 
 def handed_out(arr: Any) -> None:
@@ -148,7 +148,7 @@ def note_rows(arr: np.ndarray, rows: np.ndarray) -> None:
     with _lock:
         _noted[key] = (weakref.ref(arr, gone), rows)
     life = _life_of(arr)
-    if life is not None and life.whole == key:
+    if life is not None and life.whole() is arr:
         life.rows = rows
 
 
@@ -191,7 +191,7 @@ def bind_rows(t: Any) -> None:
 
 def _adopt(arr: np.ndarray, vc: list[Any]) -> None:
     life = _life_of(arr)
-    if life is not None and life.whole == id(arr) and life.rows is not None and life.cell is None and vc[0] == 0:
+    if life is not None and life.whole() is arr and life.rows is not None and life.cell is None and vc[0] == 0:
         life.cell = vc
 
 
