@@ -41,6 +41,16 @@ class RunCancelled(RuntimeError):
 
 
 @attrs.frozen
+class _Limits:
+    """What `open_population` was asked to allow: trainings at once per worker core, restarts of a run
+    whose worker died, and the seconds a worker (also a replacement) gets to start."""
+
+    max_concurrent: int
+    max_retries: int
+    start_timeout: float
+
+
+@attrs.frozen
 class Result:
     """One finished run, as `Population.map` yields it: ``value`` or ``error`` (the other is None)."""
 
@@ -177,16 +187,11 @@ class Run:
 class Population:
     """The scheduler `open_population` yields: `start`, `map`, `statistics`."""
 
-    def __init__(
-        self, workers: Workers, nursery: trio.Nursery, *, max_concurrent: int, max_retries: int,
-        cores_per_worker: int, start_timeout: float,
-    ) -> None:
+    def __init__(self, workers: Workers, nursery: trio.Nursery, limits: _Limits, cores_per_worker: int) -> None:
         self._ws = workers
         self._nursery = nursery
-        self._max_concurrent = max_concurrent
-        self._max_retries = max_retries
+        self._limits = limits
         self._cores = cores_per_worker
-        self._start_timeout = start_timeout
         self._live: list[Worker] = list(workers)
         self._load: dict[str, int] = {w.name: 0 for w in self._live}
         self._changed = trio.Event()
@@ -204,7 +209,7 @@ class Population:
     @property
     def capacity(self) -> int:
         """Cores' worth of trainings one worker runs at once."""
-        return self._max_concurrent * self._cores
+        return self._limits.max_concurrent * self._cores
 
     def statistics(self) -> PopulationStatistics:
         workers = tuple(w.name for w in self._live)
@@ -330,7 +335,7 @@ class Population:
             if self._closed:
                 return
             try:
-                new = await self._ws.start(1, start_timeout=self._start_timeout)
+                new = await self._ws.start(1, start_timeout=self._limits.start_timeout)
             except Exception:
                 # no replacement (the machine is out of something): the others carry on; a later death tries again
                 import logging
@@ -370,7 +375,7 @@ class Population:
                     self._release(w, run.cores)
                     self._retire(w)
                     w = None
-                    if run.attempts <= self._max_retries and not run._cancel_requested:
+                    if run.attempts <= self._limits.max_retries and not run._cancel_requested:
                         self._retried += 1
                         continue
                     self._failed += 1
@@ -452,15 +457,13 @@ async def open_population(
             "dist.open_population needs an asyncgrad runtime open in this task (results, reports and "
             "checkpoints carry tensors): wrap it in `async with asyncgrad.open_runtime():`"
         ) from None
-    options: dict[str, Any] = {
-        "max_concurrent": max_concurrent, "max_retries": max_retries, "start_timeout": start_timeout,
-    }
+    limits = _Limits(max_concurrent, max_retries, start_timeout)
     if backend == "local":
         cores = _cores()
         k = cores if workers is None else workers
         per = max(1, cores // k)
         async with open_workers(k, lanes=per, blas_threads=1, start_timeout=start_timeout) as ws:
-            async with _populate(ws, per, **options) as pop:
+            async with _populate(ws, per, limits) as pop:
                 yield pop
         return
     async with ray_session(address) as ray:
@@ -476,19 +479,14 @@ async def open_population(
             k, lanes=per, blas_threads=1, start_timeout=start_timeout, transport="tcp", host=ray.host,
             launcher=ray.launcher(per),
         ) as ws:
-            async with _populate(ws, per, **options) as pop:
+            async with _populate(ws, per, limits) as pop:
                 yield pop
 
 
 @asynccontextmanager
-async def _populate(
-    ws: Workers, per: int, *, max_concurrent: int, max_retries: int, start_timeout: float
-) -> AsyncIterator[Population]:
+async def _populate(ws: Workers, per: int, limits: _Limits) -> AsyncIterator[Population]:
     async with trio.open_nursery() as nursery:
-        pop = Population(
-            ws, nursery, max_concurrent=max_concurrent, max_retries=max_retries, cores_per_worker=per,
-            start_timeout=start_timeout,
-        )
+        pop = Population(ws, nursery, limits, per)
         try:
             yield pop
         finally:

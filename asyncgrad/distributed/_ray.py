@@ -65,9 +65,10 @@ class RayActorProcess:
         self.actor = actor
         self._ray = ray
         self._killed = False
-        self._returncode: int | None = None
-        self._detail = ""
-        self._ended = False
+        # plain attributes, as `_Process.detail`: `WorkerProcess` only reads them, and only `wait` sets them
+        self.returncode: int | None = None
+        self.detail = ""
+        self.ended = False
         self._call_done = trio.Event()
         token = trio.lowlevel.current_trio_token()
 
@@ -80,31 +81,19 @@ class RayActorProcess:
         self._future = ref.future()
         self._future.add_done_callback(done)
 
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    @property
-    def detail(self) -> str:
-        return self._detail
-
     async def wait(self) -> int | None:
         await self._call_done.wait()
-        if not self._ended:
+        if not self.ended:
             exc = self._future.exception()
             if exc is None:
-                self._returncode = 0
+                self.returncode = 0
             else:
                 # the actor died (killed, crashed, or could not start): Ray tells why in words, not a status
-                self._detail = " ".join(str(exc).split())[:600]
+                self.detail = " ".join(str(exc).split())[:600]
             self.kill()
             await self._gone()
-            self._ended = True
-        return self._returncode
+            self.ended = True
+        return self.returncode
 
     async def _gone(self) -> None:
         if not (self.local and self.pid is not None):

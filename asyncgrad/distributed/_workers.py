@@ -17,9 +17,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import trio
 
@@ -294,8 +294,9 @@ class Worker:
         return statistics_from_wire(d)
 
 
-class Workers:
-    """The workers opened by `open_workers`: ``workers[i]``, ``len(workers)``, iteration, `by_name`."""
+class Workers(Sequence[Worker]):
+    """The workers opened by `open_workers`: a read-only sequence (``workers[i]``, ``len(workers)``,
+    iteration and ``in`` come from `Sequence`), and `by_name`."""
 
     def __init__(
         self,
@@ -320,14 +321,15 @@ class Workers:
         self.closing = False
         self.address: str = ""  # where workers (and peers) connect
 
-    def __getitem__(self, i: int) -> Worker:
+    @overload
+    def __getitem__(self, i: int) -> Worker: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Worker]: ...
+    def __getitem__(self, i: int | slice) -> Worker | list[Worker]:
         return self._workers[i]
 
     def __len__(self) -> int:
         return len(self._workers)
-
-    def __iter__(self) -> Iterator[Worker]:
-        return iter(self._workers)
 
     def __repr__(self) -> str:
         return f"<Workers {[w.name for w in self._workers]} at {self.address}>"

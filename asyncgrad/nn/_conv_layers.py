@@ -1,5 +1,5 @@
-"""Convolution extras with PyTorch's names, arguments and parameter shapes: Conv1d, ConvTranspose1d/2d,
-GroupNorm, AdaptiveAvgPool1d/2d, Upsample (and UpsamplingNearest2d / UpsamplingBilinear2d).
+"""Convolutions and their extras with PyTorch's names, arguments and parameter shapes: Conv1d/2d,
+ConvTranspose1d/2d, GroupNorm, AdaptiveAvgPool1d/2d, Upsample (and UpsamplingNearest2d / UpsamplingBilinear2d).
 
 Initialisation is PyTorch's: weights ``kaiming_uniform_(a=sqrt(5))``, biases ``U(-1/sqrt(fan_in),
 1/sqrt(fan_in))`` (a transposed convolution's fan-in counts its weight's dim 1, as PyTorch's does), group
@@ -8,6 +8,7 @@ norm weights 1 and biases 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..ops import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
     conv1d,
+    conv2d,
     conv_transpose1d,
     conv_transpose2d,
     conv_transpose_output_padding,
@@ -25,13 +27,14 @@ from ..ops import (
 )
 from ..runtime import Tensor
 from . import init
-from ._layers import _add_conv_params, _check_conv_args, _check_conv_input, _conv_extra_repr, _init_conv_, _new_param
+from ._layers import _add_weight_bias, _init_norm_
 from ._module import Module
 
 __all__ = [
     "AdaptiveAvgPool1d",
     "AdaptiveAvgPool2d",
     "Conv1d",
+    "Conv2d",
     "ConvTranspose1d",
     "ConvTranspose2d",
     "GroupNorm",
@@ -39,6 +42,85 @@ __all__ = [
     "UpsamplingBilinear2d",
     "UpsamplingNearest2d",
 ]
+
+
+def _init_conv_(weight: Tensor, bias: Tensor | None) -> None:
+    """PyTorch's default initialisation of a convolution's parameters (every ``Conv*`` layer's)."""
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
+        if fan_in != 0:
+            bound = 1 / math.sqrt(fan_in)
+            init.uniform_(bias, -bound, bound)
+
+
+def _conv_extra_repr(m: Module, defaults: dict[str, tuple[Any, ...]]) -> str:
+    """PyTorch's repr of a convolution: channels, kernel size and stride, then each attribute named in
+    ``defaults`` that is at none of its default values, then ``groups`` and ``bias=False`` where they apply."""
+    s = f"{m.in_channels}, {m.out_channels}, kernel_size={m.kernel_size}, stride={m.stride}"
+    for name, values in defaults.items():
+        v = getattr(m, name)
+        if v not in values:
+            s += f", {name}={v}"
+    if m.groups != 1:
+        s += f", groups={m.groups}"
+    if m.bias is None:
+        s += ", bias=False"
+    return s
+
+
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+def _check_conv_args(
+    in_channels: int, out_channels: int, stride: tuple[int, ...], padding: Any, groups: int, padding_mode: str
+) -> None:
+    """PyTorch's constructor checks of a convolution, in its order and words (one padding mode: zeros)."""
+    if groups <= 0:
+        raise ValueError("groups must be a positive integer")
+    if in_channels % groups != 0:
+        raise ValueError("in_channels must be divisible by groups")
+    if out_channels % groups != 0:
+        raise ValueError("out_channels must be divisible by groups")
+    if isinstance(padding, str):
+        if padding not in ("valid", "same"):
+            raise ValueError(f"Invalid padding string {padding!r}, should be one of {{'valid', 'same'}}")
+        if padding == "same" and any(s != 1 for s in stride):
+            raise ValueError("padding='same' is not supported for strided convolutions")
+    if padding_mode not in _PADDING_MODES:
+        raise ValueError(
+            f"padding_mode must be one of {{'zeros', 'reflect', 'replicate', 'circular'}}, but got "
+            f"padding_mode={padding_mode!r}"
+        )
+    if padding_mode != "zeros":
+        raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
+
+
+def _check_conv_input(input: Tensor, weight: Tensor, groups: int, padding: Any, dilation: Any, nd: int) -> None:
+    """PyTorch's errors (its words) for an input a convolution module can't take: its rank, its channels,
+    a (padded) size smaller than the dilated kernel."""
+    shape = tuple(input.shape)
+    if len(shape) not in (nd + 1, nd + 2):
+        raise RuntimeError(
+            f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to conv{nd}d, but got input of size: "
+            f"{list(shape)}"
+        )
+    batched = shape if len(shape) == nd + 2 else (1, *shape)
+    wshape = tuple(weight.shape)
+    want = wshape[1] * groups
+    if batched[1] != want:
+        raise RuntimeError(
+            f"Given groups={groups}, weight of size {list(wshape)}, expected input{list(batched)} to have {want} "
+            f"channels, but got {batched[1]} channels instead"
+        )
+    if not isinstance(padding, str):
+        padded = [batched[2 + i] + 2 * padding[i] for i in range(nd)]
+        kernel = [dilation[i] * (wshape[2 + i] - 1) + 1 for i in range(nd)]
+        if any(p < k for p, k in zip(padded, kernel)):
+            raise RuntimeError(
+                f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel size: "
+                f"({' x '.join(map(str, kernel))}). Kernel size can't be greater than actual input size"
+            )
 
 
 def _ntuple(v: Any, n: int, what: str) -> tuple[int, ...]:
@@ -53,7 +135,7 @@ def _ntuple(v: Any, n: int, what: str) -> tuple[int, ...]:
 
 
 class _ConvNd(Module):
-    """Shared parameters and initialisation of the 1-d / transposed convolutions."""
+    """Shared parameters and initialisation of the convolutions and the transposed convolutions."""
 
     _nd = 1
     _transposed = False
@@ -96,7 +178,7 @@ class _ConvNd(Module):
             shape = (in_channels, out_channels // groups, *self.kernel_size)
         else:
             shape = (out_channels, in_channels // groups, *self.kernel_size)
-        _add_conv_params(self, shape, out_channels, bias, dtype, device)
+        _add_weight_bias(self, shape, (out_channels,) if bias else None, dtype, device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -108,7 +190,39 @@ class _ConvNd(Module):
         return _conv_extra_repr(self, {"padding": (zeros,), "dilation": (ones,), "output_padding": (zeros,)})
 
 
-class Conv1d(_ConvNd):
+class _Conv(_ConvNd):
+    """What the convolutions share: PyTorch's constructor and ``forward`` (on the functional of their
+    dimension, ``_conv``)."""
+
+    _conv: Any  # the functional, set by each subclass
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
+        dilation: int | tuple[int, ...] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode, 0,
+            device, dtype,
+        )
+
+    def forward(self, input: Tensor) -> Tensor:
+        _check_conv_input(input, self.weight, self.groups, self.padding, self.dilation, self._nd)
+        return self._conv(  # type: ignore[no-any-return]
+            input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
+        )
+
+
+class Conv1d(_Conv):
     """1-d convolution over ``(N, C_in, L)`` inputs (PyTorch's ``Conv1d``, ``padding_mode="zeros"``).
 
     Args:
@@ -126,29 +240,28 @@ class Conv1d(_ConvNd):
     """
 
     _nd = 1
+    _conv = staticmethod(conv1d)
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Any,
-        stride: Any = 1,
-        padding: Any = 0,
-        dilation: Any = 1,
-        groups: int = 1,
-        bias: bool = True,
-        padding_mode: str = "zeros",
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        super().__init__(
-            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode, 0,
-            device, dtype,
-        )
 
-    def forward(self, input: Tensor) -> Tensor:
-        _check_conv_input(input, self.weight, self.groups, self.padding, self.dilation, 1)
-        return conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+class Conv2d(_Conv):
+    """2-d convolution over ``(N, C_in, H, W)`` inputs (PyTorch's ``Conv2d``, ``padding_mode="zeros"``).
+
+    Args:
+        in_channels: Input channels.
+        out_channels: Output channels.
+        kernel_size: Int or (kh, kw).
+        stride: Int or pair (default 1).
+        padding: Int, pair, ``"valid"`` or ``"same"`` (default 0).
+        dilation: Int or pair (default 1).
+        groups: Blocked connections from input to output channels (default 1).
+        bias: Learn a bias (default True).
+        padding_mode: Only ``"zeros"``.
+        device: Device of the parameters.
+        dtype: Parameter dtype (default float32).
+    """
+
+    _nd = 2
+    _conv = staticmethod(conv2d)
 
 
 class _ConvTransposeNd(_ConvNd):
@@ -250,18 +363,12 @@ class GroupNorm(Module):
         self.num_channels = num_channels
         self.eps = eps
         self.affine = affine
-        if affine:
-            self.weight = _new_param((num_channels,), dtype, device)
-            self.bias = _new_param((num_channels,), dtype, device)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        shape = (num_channels,) if affine else None
+        _add_weight_bias(self, shape, shape, dtype, device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.affine:
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
+        _init_norm_(self.weight, self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
         if input.ndim < 2 or input.shape[1] != self.num_channels:

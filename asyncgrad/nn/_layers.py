@@ -1,4 +1,4 @@
-"""Layers: containers, Linear, Conv2d, pooling, activations, Dropout, LayerNorm, Embedding, Flatten.
+"""Layers: containers, Linear, pooling, activations, Dropout, LayerNorm, BatchNorm, Embedding, Flatten.
 
 Default initialisation is PyTorch's: weights ``kaiming_uniform_(a=sqrt(5))`` (a bound of
 ``1/sqrt(fan_in)``), biases ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, embeddings ``N(0, 1)``, layer-norm
@@ -29,7 +29,6 @@ __all__ = [
     "AvgPool2d",
     "BatchNorm1d",
     "BatchNorm2d",
-    "Conv2d",
     "Dropout",
     "Embedding",
     "Flatten",
@@ -55,108 +54,30 @@ __all__ = [
 ]
 
 
-def _add_conv_params(
-    m: Module, weight_shape: Sequence[int], out_channels: int, bias: bool, dtype: Any, device: Any
-) -> None:
-    """Register a convolution's ``weight`` and ``bias`` (None without ``bias``); `_init_conv_` fills them."""
-    m.weight = _new_param(weight_shape, dtype, device)
-    if bias:
-        m.bias = _new_param((out_channels,), dtype, device)
-    else:
-        m.register_parameter("bias", None)
-
-
-def _init_conv_(weight: Tensor, bias: Tensor | None) -> None:
-    """PyTorch's default initialisation of a convolution's parameters (every ``Conv*`` layer's)."""
-    init.kaiming_uniform_(weight, a=math.sqrt(5))
-    if bias is not None:
-        fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
-        if fan_in != 0:
-            bound = 1 / math.sqrt(fan_in)
-            init.uniform_(bias, -bound, bound)
-
-
-def _conv_extra_repr(m: Module, defaults: dict[str, tuple[Any, ...]]) -> str:
-    """PyTorch's repr of a convolution: channels, kernel size and stride, then each attribute named in
-    ``defaults`` that is at none of its default values, then ``groups`` and ``bias=False`` where they apply."""
-    s = f"{m.in_channels}, {m.out_channels}, kernel_size={m.kernel_size}, stride={m.stride}"
-    for name, values in defaults.items():
-        v = getattr(m, name)
-        if v not in values:
-            s += f", {name}={v}"
-    if m.groups != 1:
-        s += f", groups={m.groups}"
-    if m.bias is None:
-        s += ", bias=False"
-    return s
-
-
 def _new_param(shape: Sequence[int], dtype: Any, device: Any) -> Tensor:
     dt = get_default_dtype() if dtype is None else np.dtype(dtype)
     t = runtime.tensor(np.zeros(tuple(shape), dtype=dt), dtype=dt, device="cpu" if device is None else device)
     return Parameter(t)
 
 
-_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
-
-
-def _check_conv_args(
-    in_channels: int, out_channels: int, stride: tuple[int, ...], padding: Any, groups: int, padding_mode: str
+def _add_weight_bias(
+    m: Module, weight_shape: Sequence[int] | None, bias_shape: Sequence[int] | None, dtype: Any, device: Any
 ) -> None:
-    """PyTorch's constructor checks of a convolution, in its order and words (one padding mode: zeros)."""
-    if groups <= 0:
-        raise ValueError("groups must be a positive integer")
-    if in_channels % groups != 0:
-        raise ValueError("in_channels must be divisible by groups")
-    if out_channels % groups != 0:
-        raise ValueError("out_channels must be divisible by groups")
-    if isinstance(padding, str):
-        if padding not in ("valid", "same"):
-            raise ValueError(f"Invalid padding string {padding!r}, should be one of {{'valid', 'same'}}")
-        if padding == "same" and any(s != 1 for s in stride):
-            raise ValueError("padding='same' is not supported for strided convolutions")
-    if padding_mode not in _PADDING_MODES:
-        raise ValueError(
-            f"padding_mode must be one of {{'zeros', 'reflect', 'replicate', 'circular'}}, but got "
-            f"padding_mode={padding_mode!r}"
-        )
-    if padding_mode != "zeros":
-        raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
+    """Register ``m``'s ``weight`` and ``bias`` (zeros until its ``reset_parameters``), each a None
+    placeholder where its shape is None: what Linear, the convolutions and the normalisations share."""
+    for name, shape in (("weight", weight_shape), ("bias", bias_shape)):
+        if shape is None:
+            m.register_parameter(name, None)
+        else:
+            setattr(m, name, _new_param(shape, dtype, device))
 
 
-def _check_conv_input(input: Tensor, weight: Tensor, groups: int, padding: Any, dilation: Any, nd: int) -> None:
-    """PyTorch's errors (its words) for an input a convolution module can't take: its rank, its channels,
-    a (padded) size smaller than the dilated kernel."""
-    shape = tuple(input.shape)
-    if len(shape) not in (nd + 1, nd + 2):
-        raise RuntimeError(
-            f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to conv{nd}d, but got input of size: "
-            f"{list(shape)}"
-        )
-    batched = shape if len(shape) == nd + 2 else (1, *shape)
-    wshape = tuple(weight.shape)
-    want = wshape[1] * groups
-    if batched[1] != want:
-        raise RuntimeError(
-            f"Given groups={groups}, weight of size {list(wshape)}, expected input{list(batched)} to have {want} "
-            f"channels, but got {batched[1]} channels instead"
-        )
-    if not isinstance(padding, str):
-        padded = [batched[2 + i] + 2 * padding[i] for i in range(nd)]
-        kernel = [dilation[i] * (wshape[2 + i] - 1) + 1 for i in range(nd)]
-        if any(p < k for p, k in zip(padded, kernel)):
-            raise RuntimeError(
-                f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel size: "
-                f"({' x '.join(map(str, kernel))}). Kernel size can't be greater than actual input size"
-            )
-
-
-def _pair(x: Any) -> tuple[int, int]:
-    if isinstance(x, (tuple, list)):
-        if len(x) != 2:
-            raise ValueError(f"expected an int or a pair, got {x!r}")
-        return int(x[0]), int(x[1])
-    return int(x), int(x)
+def _init_norm_(weight: Tensor | None, bias: Tensor | None) -> None:
+    """A normalisation's affine parameters at the identity: weight 1, bias 0 (those it has)."""
+    if weight is not None:
+        init.ones_(weight)
+    if bias is not None:
+        init.zeros_(bias)
 
 
 # ---- containers --------------------------------------------------------------------------------
@@ -597,7 +518,7 @@ class Identity(Module):
         return input
 
 
-# ---- linear and convolution --------------------------------------------------------------------
+# ---- linear --------------------------------------------------------------------------------
 
 
 class Linear(Module):
@@ -617,11 +538,7 @@ class Linear(Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = _new_param((out_features, in_features), dtype, device)
-        if bias:
-            self.bias = _new_param((out_features,), dtype, device)
-        else:
-            self.register_parameter("bias", None)
+        _add_weight_bias(self, (out_features, in_features), (out_features,) if bias else None, dtype, device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -639,62 +556,6 @@ class Linear(Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
         )
-
-
-class Conv2d(Module):
-    """2-D convolution over ``(N, C_in, H, W)`` inputs (PyTorch's ``Conv2d``, ``padding_mode="zeros"``).
-
-    Args:
-        in_channels: Input channels.
-        out_channels: Output channels.
-        kernel_size: Int or (kh, kw).
-        stride: Int or pair (default 1).
-        padding: Int, pair, ``"valid"`` or ``"same"`` (default 0).
-        dilation: Int or pair (default 1).
-        groups: Blocked connections from input to output channels (default 1).
-        bias: Learn a bias (default True).
-        device: Device of the parameters.
-        dtype: Parameter dtype (default float32).
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] | str = 0,
-        dilation: int | tuple[int, int] = 1,
-        groups: int = 1,
-        bias: bool = True,
-        padding_mode: str = "zeros",
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        super().__init__()
-        _check_conv_args(in_channels, out_channels, _pair(stride), padding, groups, padding_mode)
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size)
-        self.stride = _pair(stride)
-        self.padding = padding if isinstance(padding, str) else _pair(padding)
-        self.dilation = _pair(dilation)
-        self.groups = groups
-        self.padding_mode = padding_mode
-        weight_shape = (out_channels, in_channels // groups, *self.kernel_size)
-        _add_conv_params(self, weight_shape, out_channels, bias, dtype, device)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """PyTorch's default initialisation."""
-        _init_conv_(self.weight, self.bias)
-
-    def forward(self, input: Tensor) -> Tensor:
-        _check_conv_input(input, self.weight, self.groups, self.padding, self.dilation, 2)
-        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-    def extra_repr(self) -> str:
-        return _conv_extra_repr(self, {"padding": ((0, 0), "valid"), "dilation": ((1, 1),)})
 
 
 class _Pool2d(Module):
@@ -979,22 +840,12 @@ class LayerNorm(Module):
         )
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = _new_param(self.normalized_shape, dtype, device)
-            if bias:
-                self.bias = _new_param(self.normalized_shape, dtype, device)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        shape = self.normalized_shape if elementwise_affine else None
+        _add_weight_bias(self, shape, shape if bias else None, dtype, device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.weight is not None:
-            init.ones_(self.weight)
-        if self.bias is not None:
-            init.zeros_(self.bias)
+        _init_norm_(self.weight, self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -1024,15 +875,8 @@ class _BatchNorm(Module):
         self.momentum = momentum
         self.affine = affine
         self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = _new_param((num_features,), dtype, device)
-            if bias:
-                self.bias = _new_param((num_features,), dtype, device)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        shape = (num_features,) if affine else None
+        _add_weight_bias(self, shape, shape if bias else None, dtype, device)
         dev = "cpu" if device is None else device
         if track_running_stats:
             dt = get_default_dtype() if dtype is None else np.dtype(dtype)
@@ -1055,10 +899,7 @@ class _BatchNorm(Module):
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
-        if self.weight is not None:
-            init.ones_(self.weight)
-        if self.bias is not None:
-            init.zeros_(self.bias)
+        _init_norm_(self.weight, self.bias)
 
     def _check_input_dim(self, input: Tensor) -> None:
         raise NotImplementedError

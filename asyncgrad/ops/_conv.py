@@ -151,10 +151,13 @@ def _gmat(g: np.ndarray, groups: int) -> np.ndarray:
     return gt.reshape(n * ho * wo, groups, o // groups).transpose(1, 0, 2)
 
 
-def conv2d_kernel(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: Any, padding: Any, dilation: Any, groups: int
-) -> np.ndarray:
-    geom = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+def _unpack(geom: Geom) -> tuple[Any, Any, Any, int]:
+    """A conv op's ``geom`` (its one keyword argument): ``(stride, padding, dilation, groups)``."""
+    return geom["stride"], geom["padding"], geom["dilation"], geom["groups"]
+
+
+def conv2d_kernel(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, geom: Geom) -> np.ndarray:
+    stride, padding, dilation, groups = _unpack(geom)
     n, _, h, wd = x.shape
     o, _, kh, kw = w.shape
     pt, pb, pl, pr = padding
@@ -364,26 +367,19 @@ def _depthwise_forward(x: np.ndarray, w: np.ndarray, geom: Geom, ho: int, wo: in
 
 
 def conv2d_input_grad_kernel(
-    g: np.ndarray,
-    w: np.ndarray,
-    x_shape: tuple[int, ...],
-    stride: Any,
-    padding: Any,
-    dilation: Any,
-    groups: int,
-    cl: bool = False,
+    g: np.ndarray, w: np.ndarray, x_shape: tuple[int, ...], geom: Geom, cl: bool = False
 ) -> np.ndarray:
     """col2im: the adjoint of ``x -> conv2d(x, w)`` applied to ``g`` (a transposed convolution).
 
     The result is channels-last when ``cl`` (the input's layout), else NCHW.
     """
+    stride, padding, dilation, groups = _unpack(geom)
     n, c, h, wd = x_shape
     _, cg, kh, kw = w.shape
     ho, wo = g.shape[2:]
     pt, pb, pl, pr = padding
     dt = np.result_type(g.dtype, w.dtype)
     if _nchw_blocked(c, groups, ho, wo, cl):
-        geom = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
         if tuple(stride) == (1, 1):
             return _nchw_input_grad_wide(g, w, tuple(x_shape), geom, dt)
         return _nchw_input_grad(g, w, tuple(x_shape), geom, dt)
@@ -420,17 +416,9 @@ def conv2d_input_grad_kernel(
     return dx
 
 
-def conv2d_weight_grad_kernel(
-    x: np.ndarray,
-    g: np.ndarray,
-    w_shape: tuple[int, ...],
-    stride: Any,
-    padding: Any,
-    dilation: Any,
-    groups: int,
-) -> np.ndarray:
+def conv2d_weight_grad_kernel(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], geom: Geom) -> np.ndarray:
     """The weight gradient of conv2d: im2col(x)^T applied to ``g``, per group (channels-last result)."""
-    geom = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    stride, padding, dilation, groups = _unpack(geom)
     o, cg, kh, kw = w_shape
     ho, wo = g.shape[2:]
     dt = np.result_type(x.dtype, g.dtype)
@@ -455,11 +443,8 @@ def conv2d_weight_grad_kernel(
 # ---- conv2d ops ---------------------------------------------------------------------------------------
 
 
-def _geom(kw: Any) -> Geom:
-    return {k: kw[k] for k in ("stride", "padding", "dilation", "groups")}
-
-
-def _conv_meta(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> Any:
+def _conv_meta(x: Any, w: Any, b: Any, geom: Geom) -> Any:
+    stride, padding, dilation, groups = _unpack(geom)
     if not isinstance(w, Tensor):
         raise TypeError(f"conv2d: weight must be a Tensor, got {type(w).__name__}")
     if x.ndim != 4:
@@ -497,7 +482,7 @@ def _conv_meta(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any,
 
 def _conv_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     x, w, _ = args
-    geom = _geom(kw)
+    geom = kw["geom"]
     gx = gw = gb = None
     if needs[0]:
         gx = xp.conv2d_input_grad(g, w, x, geom)
@@ -508,29 +493,27 @@ def _conv_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     return (gx, gw, gb)
 
 
-def _cig_meta(
-    g: Any, w: Any, x_shape: Any, stride: Any, padding: Any, dilation: Any, groups: int, cl: bool = False
-) -> Any:
+def _cig_meta(g: Any, w: Any, x_shape: Any, geom: Geom, cl: bool = False) -> Any:
     return tuple(x_shape), np.result_type(g.dtype, w.dtype)
 
 
 def _cig_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     # out = A_w^T gy (linear in gy and in w); g has the input's shape
     gy, w = args
-    geom = _geom(kw)
+    geom = kw["geom"]
     d_gy = xp.conv2d(g, w, None, geom) if needs[0] else None
     d_w = xp.conv2d_weight_grad(g, gy, tuple(w.shape), geom) if needs[1] else None
     return (d_gy, d_w)
 
 
-def _cwg_meta(x: Any, g: Any, w_shape: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> Any:
+def _cwg_meta(x: Any, g: Any, w_shape: Any, geom: Geom) -> Any:
     return tuple(w_shape), np.result_type(x.dtype, g.dtype)
 
 
 def _cwg_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     # out = dW(x, gy) (bilinear); g has the weight's shape
     x, gy = args
-    geom = _geom(kw)
+    geom = kw["geom"]
     d_x = xp.conv2d_input_grad(gy, g, x, geom) if needs[0] else None
     d_gy = xp.conv2d(x, g, None, geom) if needs[1] else None
     return (d_x, d_gy)
@@ -554,19 +537,19 @@ def _layout_of(x: Any) -> bool:
 
 
 def np_conv2d_input_grad(g: Any, w: Any, x: Any, geom: Geom) -> np.ndarray:
-    return conv2d_input_grad_kernel(g, w, tuple(x.shape), cl=_channels_last(x), **geom)
+    return conv2d_input_grad_kernel(g, w, tuple(x.shape), geom, _channels_last(x))
 
 
 def ag_conv2d(x: Tensor, w: Tensor, b: Tensor | None, geom: Geom) -> Tensor:
-    return apply(OP_CONV2D, (x, w, b), geom)
+    return apply(OP_CONV2D, (x, w, b), {"geom": geom})
 
 
 def ag_conv2d_input_grad(g: Tensor, w: Tensor, x: Any, geom: Geom) -> Tensor:
-    return apply(OP_CONV2D_INPUT_GRAD, (g, w), {"x_shape": tuple(x.shape), "cl": _layout_of(x), **geom})
+    return apply(OP_CONV2D_INPUT_GRAD, (g, w), {"x_shape": tuple(x.shape), "geom": geom, "cl": _layout_of(x)})
 
 
 def ag_conv2d_weight_grad(x: Tensor, g: Tensor, w_shape: Any, geom: Geom) -> Tensor:
-    return apply(OP_CONV2D_WEIGHT_GRAD, (x, g), {"w_shape": tuple(w_shape), **geom})
+    return apply(OP_CONV2D_WEIGHT_GRAD, (x, g), {"w_shape": tuple(w_shape), "geom": geom})
 
 
 def _unbatched(fn: Any, x: Tensor, *rest: Any, **kw: Any) -> Any:
@@ -616,11 +599,8 @@ def conv2d(
         if ph < 0 or pw < 0:
             raise OpError(f"conv2d: padding must be non-negative, got {(ph, pw)}")
         pad = (ph, ph, pw, pw)
-    return apply(
-        OP_CONV2D,
-        (input, weight, bias),
-        {"stride": st, "padding": pad, "dilation": dil, "groups": int(groups)},
-    )
+    geom = {"stride": st, "padding": pad, "dilation": dil, "groups": int(groups)}
+    return apply(OP_CONV2D, (input, weight, bias), {"geom": geom})
 
 
 # ---- pooling geometry --------------------------------------------------------------------------------------
@@ -965,12 +945,9 @@ def avg_pool2d(
 
 
 # the rule namespaces' adjoint kernels (see `runtime._xp`): each an op with its own rule under create_graph
-register_xp("conv2d", lambda x, w, b, geom: conv2d_kernel(x, w, b, **geom), ag_conv2d)
+register_xp("conv2d", conv2d_kernel, ag_conv2d)
 register_xp("conv2d_input_grad", np_conv2d_input_grad, ag_conv2d_input_grad)
-register_xp(
-    "conv2d_weight_grad", lambda x, g, w_shape, geom: conv2d_weight_grad_kernel(x, g, w_shape, **geom),
-    ag_conv2d_weight_grad,
-)
+register_xp("conv2d_weight_grad", conv2d_weight_grad_kernel, ag_conv2d_weight_grad)
 register_xp("max_pool2d_scatter", _pool_scatter_kernel, ag_max_pool2d_scatter)
 register_xp("max_pool2d_gather", _pool_gather_kernel, ag_max_pool2d_gather)
 register_xp("avg_pool2d", _avg_pool_kernel, ag_avg_pool2d)

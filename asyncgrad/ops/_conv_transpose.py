@@ -157,14 +157,8 @@ def conv_transpose2d(
     # (no input position reaches them)
     direct = tuple(o if o < s else 0 for o, s in zip(op, st))
     extra = tuple(o - d for o, d in zip(op, direct))
-    kw_ = {
-        "x_shape": (n, co, ho - extra[0], wo - extra[1]),
-        "stride": st,
-        "padding": (pd[0], pd[0], pd[1], pd[1]),
-        "dilation": dil,
-        "groups": g,
-        "cl": False,
-    }
+    geom = {"stride": st, "padding": (pd[0], pd[0], pd[1], pd[1]), "dilation": dil, "groups": g}
+    kw_ = {"x_shape": (n, co, ho - extra[0], wo - extra[1]), "geom": geom, "cl": False}
     y = apply(OPS["conv2d_input_grad"], (input, weight), kw_)
     for dim, e in ((2, extra[0]), (3, extra[1])):
         if e:

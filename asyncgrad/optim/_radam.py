@@ -25,16 +25,7 @@ class RAdam(AdamFamily):
         else:          p = p - m / (1 - beta1^t) * lr
         r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))
 
-    Args:
-        params: Parameters or parameter groups.
-        lr: Learning rate (default 1e-3).
-        betas: Decays of the moments.
-        eps: Added to the denominator.
-        weight_decay: L2 penalty (added to the gradient, or decoupled as AdamW's).
-        decoupled_weight_decay: ``p = p * (1 - lr * weight_decay)`` instead of the L2 term.
-        foreach, capturable, differentiable: PyTorch's kernel flags: ``foreach`` is accepted (one fused
-            kernel per parameter either way), the other two must be False.
-        maximize: Maximize the objective.
+    Args: as `NAdam` without ``momentum_decay``, but ``lr`` defaults to 1e-3.
     """
 
     def __init__(

@@ -18,6 +18,7 @@ _CASES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("Conv2d", (3, 6, 3), {}),
     ("Conv2d", (4, 8, (3, 2)), {"stride": (2, 1), "padding": 1, "dilation": 2, "groups": 2, "bias": False}),
     ("Conv2d", (3, 6, 3), {"padding": "same"}),
+    ("Conv2d", (3, 6, 3), {"padding": "valid"}),
     ("ConvTranspose1d", (3, 6, 3), {"stride": 2, "output_padding": 1}),
     ("ConvTranspose2d", (4, 8, 3), {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2, "bias": False}),
     ("ConvTranspose2d", (3, 6, 3), {}),
