@@ -17,11 +17,13 @@ Backward rules are written once against ``xp``; the adjoint kernels are themselv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ..devices import blas_boost_available, blas_boosted, blas_unboost, idle_siblings, run_parts
 from ..runtime._dispatch import apply
 from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
@@ -222,6 +224,51 @@ def _nchw_windows(x: np.ndarray, kh: int, kw: int, geom: Geom, ho: int, wo: int)
     )
 
 
+# A big blocked kernel runs as a few slices of whole image blocks (`_image_slices`), which idle sibling
+# lanes of the device help with (`run_parts`): each image's products are the same whichever lane runs them,
+# and the weight gradient sums the slices' partial sums in slice order, so the values never depend on who
+# helped. Each lane then runs its slices on one BLAS thread: one small product per image on a team of BLAS
+# threads waits at a barrier per call (the copies and col2im adds between them ran on one core meanwhile).
+
+_SPLIT_MIN_MACS = 48_000_000  # multiply-adds below which a kernel runs as one slice (~1 ms on one core)
+_MAX_SLICES = 4  # slices of a big kernel: two lanes share four of them evenly enough
+
+
+def _image_slices(n: int, step: int, macs: int) -> list[tuple[int, int]]:
+    """The image ranges [lo, hi) a blocked kernel of ``macs`` multiply-adds runs as separate slices: whole
+    blocks of ``step`` images; one slice for a small kernel. A function of the shapes only."""
+    blocks = -(-n // step)
+    ways = 1 if macs < _SPLIT_MIN_MACS else min(_MAX_SLICES, blocks)
+    cuts = [min(n, step * (blocks * i // ways)) for i in range(ways + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(ways)]
+
+
+def _run_slices(fn: Callable[[int, int], Any], slices: list[tuple[int, int]]) -> list[Any]:
+    """``[fn(lo, hi) for (lo, hi) in slices]``, the slices shared with idle sibling lanes when there are any."""
+    results: list[Any] = [None] * len(slices)
+
+    def part(i: int, lo: int, hi: int) -> Callable[[], None]:
+        def run() -> None:
+            results[i] = fn(lo, hi)
+
+        return run
+
+    parts = [part(i, lo, hi) for i, (lo, hi) in enumerate(slices)]
+    if len(parts) < 2 or not idle_siblings():
+        for run in parts:
+            run()
+        return results
+    one = blas_boost_available()
+    if one:  # (a lone training's lanes run at every lane's BLAS threads: two teams would fight for the cores)
+        blas_boosted(1)
+    try:
+        run_parts(parts)
+    finally:
+        if one:
+            blas_unboost()
+    return results
+
+
 def _nchw_forward(
     x: np.ndarray, w: np.ndarray, b: np.ndarray | None, geom: Geom, ho: int, wo: int, dt: Any
 ) -> np.ndarray:
@@ -232,16 +279,20 @@ def _nchw_forward(
     wm = np.ascontiguousarray(w.reshape(o, k), dtype=dt)
     out = np.empty((n, o, p), dt)
     step = _block(n, k * p * dt.itemsize)
-    buf = np.empty((step, c, kh, kw, ho, wo), dt)
     bias = None if b is None else b.reshape(o, 1)
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        cols = buf[: e - s]
-        np.copyto(cols, win[s:e])
-        ob = out[s:e]
-        np.matmul(wm, cols.reshape(e - s, k, p), out=ob)
-        if bias is not None:
-            ob += bias
+
+    def images(lo: int, hi: int) -> None:
+        buf = np.empty((min(step, hi - lo), c, kh, kw, ho, wo), dt)
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            cols = buf[: e - s]
+            np.copyto(cols, win[s:e])
+            ob = out[s:e]
+            np.matmul(wm, cols.reshape(e - s, k, p), out=ob)
+            if bias is not None:
+                ob += bias
+
+    _run_slices(images, _image_slices(n, step, n * o * k * p))
     return out.reshape(n, o, ho, wo)
 
 
@@ -260,18 +311,23 @@ def _nchw_input_grad(
     gm = g.reshape(n, o, p)
     dx = np.empty(x_shape, dt)
     step = _block(n, (k * p + (c * (h + pt + pb) * (wd + pl + pr) if padded else 0)) * dt.itemsize)
-    dbuf = np.empty((step, k, p), dt)
-    pbuf = np.empty((step, c, h + pt + pb, wd + pl + pr), dt) if padded else None
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        d = np.matmul(wt, gm[s:e], out=dbuf[: e - s]).reshape(e - s, c, kh, kw, ho, wo)
-        dst = dx[s:e] if pbuf is None else pbuf[: e - s]
-        dst.fill(0)
-        for i in range(kh):
-            for j in range(kw):
-                _tap(dst, i, j, geom, ho, wo)[...] += d[:, :, i, j]
-        if pbuf is not None:
-            np.copyto(dx[s:e], dst[:, :, pt : pt + h, pl : pl + wd])
+
+    def images(lo: int, hi: int) -> None:
+        m_max = min(step, hi - lo)
+        dbuf = np.empty((m_max, k, p), dt)
+        pbuf = np.empty((m_max, c, h + pt + pb, wd + pl + pr), dt) if padded else None
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            d = np.matmul(wt, gm[s:e], out=dbuf[: e - s]).reshape(e - s, c, kh, kw, ho, wo)
+            dst = dx[s:e] if pbuf is None else pbuf[: e - s]
+            dst.fill(0)
+            for i in range(kh):
+                for j in range(kw):
+                    _tap(dst, i, j, geom, ho, wo)[...] += d[:, :, i, j]
+            if pbuf is not None:
+                np.copyto(dx[s:e], dst[:, :, pt : pt + h, pl : pl + wd])
+
+    _run_slices(images, _image_slices(n, step, n * o * k * p))
     return dx
 
 
@@ -279,10 +335,14 @@ def _nchw_input_grad_wide(
     g: np.ndarray, w: np.ndarray, x_shape: tuple[int, ...], geom: Geom, dt: Any
 ) -> np.ndarray:
     """`_nchw_input_grad` for stride 1, without its short rows: ``g`` widened to the padded input's width Wp
-    (zeros past Wo) makes every tap's block of the product one (C, (Ho-1)*Wp + Wo) run that lands, shifted by
-    the tap's offset, on the flat (C, Hp*Wp) image: each col2im add runs over rows of ~Ho*Wp elements instead
-    of Wo (the zeros of the widened g add nothing where a run wraps into the next row). 8% more GEMM work for
-    W9's conv2 (Wp / Wo = 26 / 24), and a third less time (col2im's short rows dominated it)."""
+    (zeros past Wo) makes every tap's block of the product one (C, Ho*Wp) run that lands, shifted by the
+    tap's offset, on the flat (C, Hp*Wp) image (the zeros of the widened g add nothing where a run wraps
+    into the next row). 8% more GEMM work for W9's conv2 (Wp / Wo = 26 / 24), and a third less time than
+    adding short rows.
+
+    The product's rows sit in a buffer with zeros around each, so all the taps' shifted runs
+    are one strided view, and col2im is one sum over its tap axes per block instead of a read-add-write pass
+    per tap (W9's conv2, one thread: 22.3 -> 18.6 ms)."""
     n, c, h, wd = x_shape
     o, _, kh, kw = w.shape
     ho, wo = g.shape[2:]
@@ -290,33 +350,46 @@ def _nchw_input_grad_wide(
     dh, dw = geom["dilation"]
     hp, wp = h + pt + pb, wd + pl + pr
     padded = bool(pt or pb or pl or pr)
-    run, p = (ho - 1) * wp + wo, ho * wp
+    p = ho * wp
     kk = kh * kw * c
+    lead = (kh - 1) * dh * wp + (kw - 1) * dw  # the largest tap offset: zeros before each product row
+    rl = lead + hp * wp  # a product row with its zeros: every tap's shifted read of it stays inside
     wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kk, o), dtype=dt)  # rows (kh, kw, C)
-    step = _block(n, (kk * p + o * p + (c * hp * wp if padded else 0)) * dt.itemsize)
-    gw = np.zeros((step, o, ho, wp), dt)
-    prod = np.empty((step, kk, p), dt)
-    pbuf = np.empty((step, c, hp * wp), dt) if padded else None
+    step = _block(n, (kk * rl + o * p + (c * hp * wp if padded else 0)) * dt.itemsize)
     dx = np.empty(x_shape, dt)
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        m = e - s
-        np.copyto(gw[:m, :, :, :wo], g[s:e])
-        d = np.matmul(wt, gw[:m].reshape(m, o, p), out=prod[:m]).reshape(m, kh, kw, c, p)
-        dst = dx[s:e].reshape(m, c, h * wd) if pbuf is None else pbuf[:m]
-        dst.fill(0)
-        for i in range(kh):
-            for j in range(kw):
-                off = i * dh * wp + j * dw
-                dst[:, :, off : off + run] += d[:, i, j, :, :run]
-        if pbuf is not None:
-            np.copyto(dx[s:e], pbuf[:m].reshape(m, c, hp, wp)[:, :, pt : pt + h, pl : pl + wd])
+    sz = dt.itemsize
+
+    def images(lo: int, hi: int) -> None:
+        m_max = min(step, hi - lo)
+        gw = np.zeros((m_max, o, ho, wp), dt)
+        rows = np.zeros(m_max * kk * rl, dt)  # the GEMM writes only the middle of each row: the rest stays 0
+        prod = as_strided(rows[lead:], (m_max, kk, p), (kk * rl * sz, rl * sz, sz))
+        # element (m, i, j, c, t): row (i, j, c) of image m read at t - (tap (i, j)'s offset in the flat image)
+        taps = as_strided(
+            rows[lead:],
+            (m_max, kh, kw, c, hp * wp),
+            (kk * rl * sz, (kw * c * rl - dh * wp) * sz, (c * rl - dw) * sz, rl * sz, sz),
+            writeable=False,
+        )
+        pbuf = np.empty((m_max, c, hp * wp), dt) if padded else None
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            m = e - s
+            np.copyto(gw[:m, :, :, :wo], g[s:e])
+            np.matmul(wt, gw[:m].reshape(m, o, p), out=prod[:m])
+            dst = dx[s:e].reshape(m, c, h * wd) if pbuf is None else pbuf[:m]
+            np.sum(taps[:m], axis=(1, 2), out=dst)
+            if pbuf is not None:
+                np.copyto(dx[s:e], pbuf[:m].reshape(m, c, hp, wp)[:, :, pt : pt + h, pl : pl + wd])
+
+    _run_slices(images, _image_slices(n, step, n * o * kk * p))
     return dx
 
 
 def _nchw_weight_grad(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], geom: Geom, dt: Any) -> np.ndarray:
-    """Per image columns (K, Ho*Wo) @ g^T (Ho*Wo, O), summed over the images block by block. (K, O) is the
-    product OpenBLAS runs faster than (O, K) = g @ columns^T here: W9's conv2 22.7 -> 18.9 ms, same sums.)"""
+    """Per image columns (K, Ho*Wo) @ g^T (Ho*Wo, O), summed over the images block by block, then over the
+    slices in order. (K, O) is the product OpenBLAS runs faster than (O, K) = g @ columns^T here: W9's
+    conv2 22.7 -> 18.9 ms, same sums.)"""
     n = x.shape[0]
     o, c, kh, kw = w_shape
     ho, wo = g.shape[2:]
@@ -324,15 +397,24 @@ def _nchw_weight_grad(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], ge
     win = _nchw_windows(x, kh, kw, geom, ho, wo)
     gm = g.reshape(n, o, p)
     step = _block(n, k * p * dt.itemsize)
-    buf = np.empty((step, c, kh, kw, ho, wo), dt)
-    part = np.empty((step, k, o), dt)
-    dwt = np.zeros((k, o), dt)
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        cols = buf[: e - s]
-        np.copyto(cols, win[s:e])
-        prod = np.matmul(cols.reshape(e - s, k, p), gm[s:e].transpose(0, 2, 1), out=part[: e - s])
-        dwt += prod.sum(0) if e - s > 1 else prod[0]
+
+    def images(lo: int, hi: int) -> np.ndarray:
+        m_max = min(step, hi - lo)
+        buf = np.empty((m_max, c, kh, kw, ho, wo), dt)
+        part = np.empty((m_max, k, o), dt)
+        dwt = np.zeros((k, o), dt)
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            cols = buf[: e - s]
+            np.copyto(cols, win[s:e])
+            prod = np.matmul(cols.reshape(e - s, k, p), gm[s:e].transpose(0, 2, 1), out=part[: e - s])
+            dwt += prod.sum(0) if e - s > 1 else prod[0]
+        return dwt
+
+    sums = _run_slices(images, _image_slices(n, step, n * o * k * p))
+    dwt = sums[0]
+    for part in sums[1:]:
+        dwt += part
     return np.ascontiguousarray(dwt.T).reshape(w_shape)
 
 
