@@ -27,7 +27,7 @@ from ..devices import blas_boost_available, blas_boosted, blas_unboost, idle_sib
 from ..runtime._dispatch import apply
 from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
-from ..runtime._xp import register_xp
+from ..runtime._xp import NP, register_xp
 from ._shape import reshape
 
 Geom = dict[str, Any]
@@ -872,8 +872,70 @@ def _max_pool_meta(x: Tensor, geom: Geom) -> Any:
     return (*x.shape[:2], *geom["out"]), x.dtype
 
 
+def _tap_major(a: np.ndarray, geom: Geom) -> np.ndarray:
+    """The (kh, kw, N, C, Ho, Wo) view of ``a`` (any layout) whose [i, j] is what tap (i, j) of tiling
+    windows reads (or writes)."""
+    (kh, kw), (ho, wo) = geom["kernel"], geom["out"]
+    sn, sc, sh, sw = a.strides
+    n, c = a.shape[:2]
+    return as_strided(a, (kh, kw, n, c, ho, wo), (sh, sw, sn, sc, sh * kh, sw * kw))
+
+
+_POOL_SPLIT_MIN = 1 << 20  # input elements from which a tiling max-pool backward runs as image slices
+
+
+def _max_pool_tiled_backward(x: np.ndarray, g: np.ndarray, geom: Geom) -> np.ndarray | None:
+    """max_pool2d's input gradient for tiling windows from ``x`` alone, or None when a window's max is NaN
+    or ``g`` is not finite (then the general path, which handles them, runs).
+
+    Each tap's values are copied out once into a contiguous array and the gradient built tap by tap there
+    (numpy's ufuncs run ~5x slower on the taps' strided views, whose rows are Wo elements with a stride):
+    ``hit = tap == max``; ``dx_tap = rest * hit``; ``rest -= dx_tap``, so g goes to the first tap that holds
+    the max, as PyTorch's argmax picks it. W9's pool (64x64x24x24), one thread: 7.9 -> 5.7 ms.
+    """
+    if x.dtype.kind != "f" or g.dtype != x.dtype or not bool(np.isfinite(g).all()):
+        return None
+    (kh, kw), (ho, wo) = geom["kernel"], geom["out"]
+    n, c, h, w = x.shape
+    taps = kh * kw
+    dx = _empty((n, c, h, w), g.dtype, _channels_last(g))
+    if ho * kh < h:  # rows and columns past the last window get no gradient
+        dx[:, :, ho * kh :] = 0
+    if wo * kw < w:
+        dx[:, :, :, wo * kw :] = 0
+    src, dst = _tap_major(x, geom), _tap_major(dx, geom)
+
+    def images(lo: int, hi: int) -> bool:
+        m = hi - lo
+        vals = np.empty((taps, m, c, ho, wo), x.dtype)
+        for t in range(taps):
+            np.copyto(vals[t], src[t // kw, t % kw, lo:hi])
+        best = np.array(vals[0]) if taps == 1 else np.maximum(vals[0], vals[1])
+        for t in range(2, taps):
+            np.maximum(best, vals[t], out=best)
+        if bool(np.isnan(best).any()):
+            return False
+        hit = np.empty(best.shape, bool)
+        part = np.empty(best.shape, g.dtype)
+        rest = g[lo:hi]
+        for t in range(taps):
+            np.equal(vals[t], best, out=hit)
+            np.multiply(rest, hit, out=part)
+            np.copyto(dst[t // kw, t % kw, lo:hi], part)
+            if t < taps - 1:
+                rest = np.subtract(rest, part) if t == 0 else np.subtract(rest, part, out=rest)
+        return True
+
+    slices = [(0, n)] if x.size < _POOL_SPLIT_MIN else _image_slices(n, 1, _SPLIT_MIN_MACS)
+    return dx if all(_run_slices(images, slices)) else None
+
+
 def _max_pool_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     x = args[0]
+    if xp is NP and _tiling(kw["geom"], x.shape):
+        dx = _max_pool_tiled_backward(x, g, kw["geom"])
+        if dx is not None:
+            return (dx,)
     idx = _argmax_taps(xp.value(x), kw["geom"])
     return (xp.max_pool2d_scatter(g, idx, tuple(x.shape), kw["geom"]),)
 

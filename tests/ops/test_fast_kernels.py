@@ -309,6 +309,67 @@ def test_max_pool_tiled_scatter_matches_general(hw: Any, k: int, rng: np.random.
     np.testing.assert_array_equal(_pool_scatter_kernel(g, idx, x.shape, geom), _scatter_general(g, idx, x.shape, geom))
 
 
+@pytest.mark.parametrize("hw", [(8, 8), (9, 7)])
+@pytest.mark.parametrize("k", [2, 3, (3, 2)])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_max_pool_tiled_backward_matches_general(hw: Any, k: Any, layout: str, rng: np.random.Generator) -> None:
+    """The tap-major backward (`_max_pool_tiled_backward`) gives the general path's gradient: ties (ReLU'd
+    zeros, whole windows of one value) to the first tap, -inf entries, rows and columns past the last
+    window zero, every layout; NaN maxima and non-finite gradients are left to the general path."""
+    from asyncgrad.ops._conv import _max_pool_tiled_backward
+
+    h, w = hw
+    kh, kw = (k, k) if isinstance(k, int) else k
+    x = np.maximum(rng.standard_normal((2, 3, h, w)), 0.0)
+    x[0, 1] = 0.5  # every window of a plane holds one value
+    x[1, 2, :kh, :kw] = -np.inf
+    if layout == "channels_last":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    ho, wo = h // kh, w // kw
+    geom = {"kernel": (kh, kw), "stride": (kh, kw), "dilation": (1, 1), "padding": (0, 0, 0, 0),
+            "out": (ho, wo), "pool_pad": (0, 0)}
+    g = rng.standard_normal((2, 3, ho, wo))
+    want = _scatter_general(g, _argmax_taps(x, geom), x.shape, geom)
+    got = _max_pool_tiled_backward(x, g, geom)
+    assert got is not None
+    np.testing.assert_array_equal(got, want)
+    bad = g.copy()
+    bad[0, 0, 0, 0] = np.inf
+    assert _max_pool_tiled_backward(x, bad, geom) is None
+    xn = x.copy()
+    xn[1, 1, 0, 0] = np.nan
+    assert _max_pool_tiled_backward(xn, g, geom) is None
+
+
+async def test_max_pool2d_tiled_backward_fd_slices_and_nan(rng: np.random.Generator, monkeypatch: Any) -> None:
+    """max_pool2d(x, 2)'s backward through the rule: finite differences (float64), cut into image slices on
+    two lanes equal to one slice bit for bit, and a NaN maximum's gradient as PyTorch gives it."""
+    from asyncgrad.devices import _blas
+    from asyncgrad.ops import _conv
+
+    x = rng.standard_normal((5, 3, 6, 7))
+    g = rng.standard_normal((5, 3, 3, 3))
+    _blas.pin_spare_cores(2)
+    try:
+        with trio.fail_after(T):
+            got = []
+            for lanes, split_min in ((1, 1 << 40), (2, 1)):
+                monkeypatch.setattr(_conv, "_POOL_SPLIT_MIN", split_min)
+                async with ag.open_runtime(lanes=lanes):
+                    xt = ag.tensor(x, requires_grad=True)
+                    (gx,) = await ag.grad((ag.max_pool2d(xt, 2) * ag.tensor(g)).sum(), [xt])
+                    got.append(gx.numpy().copy())
+                    if lanes == 2:
+                        await ag.autograd.gradcheck(lambda x: ag.max_pool2d(x, 2), [x], eps=1e-6, atol=1e-7,
+                                                    rtol=1e-5, seed=4)
+                        xn = x.copy()
+                        xn[1, 0, 2, 3] = np.nan
+                        await vs_torch(lambda x: ag.max_pool2d(x, 2), lambda x: F.max_pool2d(x, 2), xn)
+    finally:
+        _blas.pin_spare_cores(None)
+    assert got[0].tobytes() == got[1].tobytes()
+
+
 async def test_max_pool2d_tiling_grad_vs_torch(rt: Any, rng: np.random.Generator) -> None:
     with trio.fail_after(T):
         x = rng.standard_normal((2, 3, 9, 8))
