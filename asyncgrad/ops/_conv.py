@@ -17,18 +17,17 @@ Backward rules are written once against ``xp``; the adjoint kernels are themselv
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..devices import blas_boost_available, blas_boosted, blas_unboost, idle_siblings, run_parts
 from ..runtime._dispatch import apply
 from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP, register_xp
 from ._shape import reshape
+from ._slices import SPLIT_MIN_ELEMENTS, run_slices, slices
 
 Geom = dict[str, Any]
 
@@ -224,49 +223,15 @@ def _nchw_windows(x: np.ndarray, kh: int, kw: int, geom: Geom, ho: int, wo: int)
     )
 
 
-# A big blocked kernel runs as a few slices of whole image blocks (`_image_slices`), which idle sibling
-# lanes of the device help with (`run_parts`): each image's products are the same whichever lane runs them,
-# and the weight gradient sums the slices' partial sums in slice order, so the values never depend on who
-# helped. Each lane then runs its slices on one BLAS thread: one small product per image on a team of BLAS
-# threads waits at a barrier per call (the copies and col2im adds between them ran on one core meanwhile).
+# A big blocked kernel runs as a few slices of whole image blocks (`_slices`): each image's products are the
+# same whichever lane runs them, and the weight gradient sums the slices' partial sums in slice order.
 
 _SPLIT_MIN_MACS = 48_000_000  # multiply-adds below which a kernel runs as one slice (~1 ms on one core)
-_MAX_SLICES = 4  # slices of a big kernel: two lanes share four of them evenly enough
 
 
 def _image_slices(n: int, step: int, macs: int) -> list[tuple[int, int]]:
-    """The image ranges [lo, hi) a blocked kernel of ``macs`` multiply-adds runs as separate slices: whole
-    blocks of ``step`` images; one slice for a small kernel. A function of the shapes only."""
-    blocks = -(-n // step)
-    ways = 1 if macs < _SPLIT_MIN_MACS else min(_MAX_SLICES, blocks)
-    cuts = [min(n, step * (blocks * i // ways)) for i in range(ways + 1)]
-    return [(cuts[i], cuts[i + 1]) for i in range(ways)]
-
-
-def _run_slices(fn: Callable[[int, int], Any], slices: list[tuple[int, int]]) -> list[Any]:
-    """``[fn(lo, hi) for (lo, hi) in slices]``, the slices shared with idle sibling lanes when there are any."""
-    results: list[Any] = [None] * len(slices)
-
-    def part(i: int, lo: int, hi: int) -> Callable[[], None]:
-        def run() -> None:
-            results[i] = fn(lo, hi)
-
-        return run
-
-    parts = [part(i, lo, hi) for i, (lo, hi) in enumerate(slices)]
-    if len(parts) < 2 or not idle_siblings():
-        for run in parts:
-            run()
-        return results
-    one = blas_boost_available()
-    if one:  # (a lone training's lanes run at every lane's BLAS threads: two teams would fight for the cores)
-        blas_boosted(1)
-    try:
-        run_parts(parts)
-    finally:
-        if one:
-            blas_unboost()
-    return results
+    """The image ranges [lo, hi) a blocked kernel of ``macs`` multiply-adds runs as separate slices."""
+    return slices(n, step, macs >= _SPLIT_MIN_MACS)
 
 
 def _nchw_forward(
@@ -292,7 +257,7 @@ def _nchw_forward(
             if bias is not None:
                 ob += bias
 
-    _run_slices(images, _image_slices(n, step, n * o * k * p))
+    run_slices(images, _image_slices(n, step, n * o * k * p))
     return out.reshape(n, o, ho, wo)
 
 
@@ -327,7 +292,7 @@ def _nchw_input_grad(
             if pbuf is not None:
                 np.copyto(dx[s:e], dst[:, :, pt : pt + h, pl : pl + wd])
 
-    _run_slices(images, _image_slices(n, step, n * o * k * p))
+    run_slices(images, _image_slices(n, step, n * o * k * p))
     return dx
 
 
@@ -382,7 +347,7 @@ def _nchw_input_grad_wide(
             if pbuf is not None:
                 np.copyto(dx[s:e], pbuf[:m].reshape(m, c, hp, wp)[:, :, pt : pt + h, pl : pl + wd])
 
-    _run_slices(images, _image_slices(n, step, n * o * kk * p))
+    run_slices(images, _image_slices(n, step, n * o * kk * p))
     return dx
 
 
@@ -411,7 +376,7 @@ def _nchw_weight_grad(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], ge
             dwt += prod.sum(0) if e - s > 1 else prod[0]
         return dwt
 
-    sums = _run_slices(images, _image_slices(n, step, n * o * k * p))
+    sums = run_slices(images, _image_slices(n, step, n * o * k * p))
     dwt = sums[0]
     for part in sums[1:]:
         dwt += part
@@ -769,10 +734,22 @@ def _max_pool_kernel(x: np.ndarray, geom: Geom) -> np.ndarray:
     ho, wo = geom["out"]
     xp_ = _pad(x, geom["padding"], _lowest(x.dtype))
     taps = _taps(geom)
-    best = np.array(_tap(xp_, *taps[0], geom, ho, wo), order="K")
-    for i, j in taps[1:]:
-        np.maximum(best, _tap(xp_, i, j, geom, ho, wo), out=best)
-    return best
+    cl = _channels_last(x)
+    if x.size < SPLIT_MIN_ELEMENTS or not (cl or x.flags.c_contiguous):
+        best = np.array(_tap(xp_, *taps[0], geom, ho, wo), order="K")
+        for i, j in taps[1:]:
+            np.maximum(best, _tap(xp_, i, j, geom, ho, wo), out=best)
+        return best
+    out = _empty((*x.shape[:2], ho, wo), x.dtype, cl)  # the layout np.array(order="K") gives above
+
+    def images(lo: int, hi: int) -> None:
+        best, src = out[lo:hi], xp_[lo:hi]
+        np.copyto(best, _tap(src, *taps[0], geom, ho, wo))
+        for i, j in taps[1:]:
+            np.maximum(best, _tap(src, i, j, geom, ho, wo), out=best)
+
+    run_slices(images, slices(x.shape[0], 1, True))
+    return out
 
 
 def _argmax_taps(x: np.ndarray, geom: Geom) -> np.ndarray:
@@ -881,9 +858,6 @@ def _tap_major(a: np.ndarray, geom: Geom) -> np.ndarray:
     return as_strided(a, (kh, kw, n, c, ho, wo), (sh, sw, sn, sc, sh * kh, sw * kw))
 
 
-_POOL_SPLIT_MIN = 1 << 20  # input elements from which a tiling max-pool backward runs as image slices
-
-
 def _max_pool_tiled_backward(x: np.ndarray, g: np.ndarray, geom: Geom) -> np.ndarray | None:
     """max_pool2d's input gradient for tiling windows from ``x`` alone, or None when a window's max is NaN
     or ``g`` is not finite (then the general path, which handles them, runs).
@@ -926,8 +900,7 @@ def _max_pool_tiled_backward(x: np.ndarray, g: np.ndarray, geom: Geom) -> np.nda
                 rest = np.subtract(rest, part) if t == 0 else np.subtract(rest, part, out=rest)
         return True
 
-    slices = [(0, n)] if x.size < _POOL_SPLIT_MIN else _image_slices(n, 1, _SPLIT_MIN_MACS)
-    return dx if all(_run_slices(images, slices)) else None
+    return dx if all(run_slices(images, slices(n, 1, x.size >= SPLIT_MIN_ELEMENTS))) else None
 
 
 def _max_pool_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:

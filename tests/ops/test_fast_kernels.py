@@ -172,7 +172,7 @@ async def test_conv2d_nchw_image_slices_on_two_lanes(
     idle sibling lane: output and gradients equal the one-lane run bit for bit (the weight gradient sums
     the slices in order, whoever ran them), and match finite differences."""
     from asyncgrad.devices import _blas
-    from asyncgrad.ops import _conv
+    from asyncgrad.ops import _conv, _slices
 
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
     k = ws[1] * ws[2] * ws[3]
@@ -180,7 +180,7 @@ async def test_conv2d_nchw_image_slices_on_two_lanes(
     monkeypatch.setattr(_conv, "_MIN_PIXELS", 1)
     monkeypatch.setattr(_conv, "_BLOCK_BYTES", per_block * k * pixels * 8)
     monkeypatch.setattr(_conv, "_SPLIT_MIN_MACS", 0)
-    assert len(_conv._image_slices(xs[0], per_block, 1)) == min(_conv._MAX_SLICES, -(-xs[0] // per_block))
+    assert len(_conv._image_slices(xs[0], per_block, 1)) == min(_slices.MAX_SLICES, -(-xs[0] // per_block))
     _blas.pin_spare_cores(2)  # a sibling is lent slices only where other processes leave it a core
     try:
         with trio.fail_after(T):
@@ -206,7 +206,7 @@ def test_image_slices_are_whole_blocks_covering_the_batch() -> None:
 
 
 async def test_run_slices_lends_slices_to_an_idle_lane_on_one_blas_thread() -> None:
-    """`_run_slices` on a lane with an idle sibling: a slice runs there (the first one waits for it), each
+    """`run_slices` on a lane with an idle sibling: a slice runs there (the first one waits for it), each
     result lands in its slot, and the lanes run the slices with one BLAS thread where the count can be
     switched."""
     import threading
@@ -214,7 +214,7 @@ async def test_run_slices_lends_slices_to_an_idle_lane_on_one_blas_thread() -> N
     from threadpoolctl import ThreadpoolController
 
     from asyncgrad.devices import _blas
-    from asyncgrad.ops import _conv
+    from asyncgrad.ops import _slices
 
     def blas_threads() -> int:
         return int(ThreadpoolController().select(user_api="blas").info()[0]["num_threads"])
@@ -239,7 +239,7 @@ async def test_run_slices_lends_slices_to_an_idle_lane_on_one_blas_thread() -> N
 
                 got: list[Any] = []
                 stream = rt.devices["cpu"].pool.acquire()
-                stream.submit(lambda: got.extend(_conv._run_slices(fn, [(0, 2), (2, 4)])))
+                stream.submit(lambda: got.extend(_slices.run_slices(fn, [(0, 2), (2, 4)])))
                 await stream.synchronize()
     finally:
         _blas.pin_spare_cores(None)
@@ -341,11 +341,12 @@ def test_max_pool_tiled_backward_matches_general(hw: Any, k: Any, layout: str, r
     assert _max_pool_tiled_backward(xn, g, geom) is None
 
 
-async def test_max_pool2d_tiled_backward_fd_slices_and_nan(rng: np.random.Generator, monkeypatch: Any) -> None:
-    """max_pool2d(x, 2)'s backward through the rule: finite differences (float64), cut into image slices on
-    two lanes equal to one slice bit for bit, and a NaN maximum's gradient as PyTorch gives it."""
+async def test_max_pool2d_and_relu_slices_fd_and_nan(rng: np.random.Generator, monkeypatch: Any) -> None:
+    """max_pool2d(x, 2) (forward and the tiling backward) and relu (forward and backward) cut into slices on
+    two lanes (every kernel counted as big enough) equal one slice bit for bit; the pool's backward matches
+    finite differences (float64) and, for a NaN maximum, PyTorch."""
     from asyncgrad.devices import _blas
-    from asyncgrad.ops import _conv
+    from asyncgrad.ops import _conv, _slices
 
     x = rng.standard_normal((5, 3, 6, 7))
     g = rng.standard_normal((5, 3, 3, 3))
@@ -354,10 +355,15 @@ async def test_max_pool2d_tiled_backward_fd_slices_and_nan(rng: np.random.Genera
         with trio.fail_after(T):
             got = []
             for lanes, split_min in ((1, 1 << 40), (2, 1)):
-                monkeypatch.setattr(_conv, "_POOL_SPLIT_MIN", split_min)
-                async with ag.open_runtime(lanes=lanes):
+                monkeypatch.setattr(_conv, "SPLIT_MIN_ELEMENTS", split_min)
+                monkeypatch.setattr(_slices, "SPLIT_MIN_ELEMENTS", split_min)
+                async with ag.open_runtime(lanes=lanes) as rt:
+                    while not all(lane._idle for lane in rt.devices["cpu"]._lanes):
+                        await trio.sleep(0.001)
                     xt = ag.tensor(x, requires_grad=True)
-                    (gx,) = await ag.grad((ag.max_pool2d(xt, 2) * ag.tensor(g)).sum(), [xt])
+                    y = ag.max_pool2d(ag.relu(xt), 2)
+                    (gx,) = await ag.grad((y * ag.tensor(g)).sum(), [xt])
+                    got.append(y.numpy().copy())
                     got.append(gx.numpy().copy())
                     if lanes == 2:
                         await ag.autograd.gradcheck(lambda x: ag.max_pool2d(x, 2), [x], eps=1e-6, atol=1e-7,
@@ -367,7 +373,9 @@ async def test_max_pool2d_tiled_backward_fd_slices_and_nan(rng: np.random.Genera
                         await vs_torch(lambda x: ag.max_pool2d(x, 2), lambda x: F.max_pool2d(x, 2), xn)
     finally:
         _blas.pin_spare_cores(None)
-    assert got[0].tobytes() == got[1].tobytes()
+    assert got[0].tobytes() == got[2].tobytes() and got[1].tobytes() == got[3].tobytes()
+    ty = F.max_pool2d(F.relu(torch.tensor(x)), 2)
+    np.testing.assert_array_equal(got[0], ty.numpy())
 
 
 async def test_max_pool2d_tiling_grad_vs_torch(rt: Any, rng: np.random.Generator) -> None:
