@@ -25,8 +25,9 @@ from numpy.lib.stride_tricks import as_strided
 from ..runtime._dispatch import apply
 from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
-from ..runtime._xp import register_xp
+from ..runtime._xp import NP, register_xp
 from ._shape import reshape
+from ._slices import SPLIT_MIN_ELEMENTS, run_slices, slices
 
 Geom = dict[str, Any]
 
@@ -225,6 +226,17 @@ def _nchw_windows(x: np.ndarray, kh: int, kw: int, geom: Geom, ho: int, wo: int)
     )
 
 
+# A big blocked kernel runs as a few slices of whole image blocks (`_slices`): each image's products are the
+# same whichever lane runs them, and the weight gradient sums the slices' partial sums in slice order.
+
+_SPLIT_MIN_MACS = 48_000_000  # multiply-adds below which a kernel runs as one slice (~1 ms on one core)
+
+
+def _image_slices(n: int, step: int, macs: int) -> list[tuple[int, int]]:
+    """The image ranges [lo, hi) a blocked kernel of ``macs`` multiply-adds runs as separate slices."""
+    return slices(n, step, macs >= _SPLIT_MIN_MACS)
+
+
 def _nchw_forward(
     x: np.ndarray, w: np.ndarray, b: np.ndarray | None, geom: Geom, ho: int, wo: int, dt: Any
 ) -> np.ndarray:
@@ -235,16 +247,20 @@ def _nchw_forward(
     wm = np.ascontiguousarray(w.reshape(o, k), dtype=dt)
     out = np.empty((n, o, p), dt)
     step = _block(n, k * p * dt.itemsize)
-    buf = np.empty((step, c, kh, kw, ho, wo), dt)
     bias = None if b is None else b.reshape(o, 1)
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        cols = buf[: e - s]
-        np.copyto(cols, win[s:e])
-        ob = out[s:e]
-        np.matmul(wm, cols.reshape(e - s, k, p), out=ob)
-        if bias is not None:
-            ob += bias
+
+    def images(lo: int, hi: int) -> None:
+        buf = np.empty((min(step, hi - lo), c, kh, kw, ho, wo), dt)
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            cols = buf[: e - s]
+            np.copyto(cols, win[s:e])
+            ob = out[s:e]
+            np.matmul(wm, cols.reshape(e - s, k, p), out=ob)
+            if bias is not None:
+                ob += bias
+
+    run_slices(images, _image_slices(n, step, n * o * k * p))
     return out.reshape(n, o, ho, wo)
 
 
@@ -263,18 +279,23 @@ def _nchw_input_grad(
     gm = g.reshape(n, o, p)
     dx = np.empty(x_shape, dt)
     step = _block(n, (k * p + (c * (h + pt + pb) * (wd + pl + pr) if padded else 0)) * dt.itemsize)
-    dbuf = np.empty((step, k, p), dt)
-    pbuf = np.empty((step, c, h + pt + pb, wd + pl + pr), dt) if padded else None
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        d = np.matmul(wt, gm[s:e], out=dbuf[: e - s]).reshape(e - s, c, kh, kw, ho, wo)
-        dst = dx[s:e] if pbuf is None else pbuf[: e - s]
-        dst.fill(0)
-        for i in range(kh):
-            for j in range(kw):
-                _tap(dst, i, j, geom, ho, wo)[...] += d[:, :, i, j]
-        if pbuf is not None:
-            np.copyto(dx[s:e], dst[:, :, pt : pt + h, pl : pl + wd])
+
+    def images(lo: int, hi: int) -> None:
+        m_max = min(step, hi - lo)
+        dbuf = np.empty((m_max, k, p), dt)
+        pbuf = np.empty((m_max, c, h + pt + pb, wd + pl + pr), dt) if padded else None
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            d = np.matmul(wt, gm[s:e], out=dbuf[: e - s]).reshape(e - s, c, kh, kw, ho, wo)
+            dst = dx[s:e] if pbuf is None else pbuf[: e - s]
+            dst.fill(0)
+            for i in range(kh):
+                for j in range(kw):
+                    _tap(dst, i, j, geom, ho, wo)[...] += d[:, :, i, j]
+            if pbuf is not None:
+                np.copyto(dx[s:e], dst[:, :, pt : pt + h, pl : pl + wd])
+
+    run_slices(images, _image_slices(n, step, n * o * k * p))
     return dx
 
 
@@ -282,10 +303,14 @@ def _nchw_input_grad_wide(
     g: np.ndarray, w: np.ndarray, x_shape: tuple[int, ...], geom: Geom, dt: Any
 ) -> np.ndarray:
     """`_nchw_input_grad` for stride 1, without its short rows: ``g`` widened to the padded input's width Wp
-    (zeros past Wo) makes every tap's block of the product one (C, (Ho-1)*Wp + Wo) run that lands, shifted by
-    the tap's offset, on the flat (C, Hp*Wp) image: each col2im add runs over rows of ~Ho*Wp elements instead
-    of Wo (the zeros of the widened g add nothing where a run wraps into the next row). 8% more GEMM work for
-    W9's conv2 (Wp / Wo = 26 / 24), and a third less time (col2im's short rows dominated it)."""
+    (zeros past Wo) makes every tap's block of the product one (C, Ho*Wp) run that lands, shifted by the
+    tap's offset, on the flat (C, Hp*Wp) image (the zeros of the widened g add nothing where a run wraps
+    into the next row). 8% more GEMM work for W9's conv2 (Wp / Wo = 26 / 24), and a third less time than
+    adding short rows.
+
+    The product's rows sit in a buffer with zeros around each, so all the taps' shifted runs
+    are one strided view, and col2im is one sum over its tap axes per block instead of a read-add-write pass
+    per tap (W9's conv2, one thread: 22.3 -> 18.6 ms)."""
     n, c, h, wd = x_shape
     o, _, kh, kw = w.shape
     ho, wo = g.shape[2:]
@@ -293,33 +318,46 @@ def _nchw_input_grad_wide(
     dh, dw = geom["dilation"]
     hp, wp = h + pt + pb, wd + pl + pr
     padded = bool(pt or pb or pl or pr)
-    run, p = (ho - 1) * wp + wo, ho * wp
+    p = ho * wp
     kk = kh * kw * c
+    lead = (kh - 1) * dh * wp + (kw - 1) * dw  # the largest tap offset: zeros before each product row
+    rl = lead + hp * wp  # a product row with its zeros: every tap's shifted read of it stays inside
     wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kk, o), dtype=dt)  # rows (kh, kw, C)
-    step = _block(n, (kk * p + o * p + (c * hp * wp if padded else 0)) * dt.itemsize)
-    gw = np.zeros((step, o, ho, wp), dt)
-    prod = np.empty((step, kk, p), dt)
-    pbuf = np.empty((step, c, hp * wp), dt) if padded else None
+    step = _block(n, (kk * rl + o * p + (c * hp * wp if padded else 0)) * dt.itemsize)
     dx = np.empty(x_shape, dt)
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        m = e - s
-        np.copyto(gw[:m, :, :, :wo], g[s:e])
-        d = np.matmul(wt, gw[:m].reshape(m, o, p), out=prod[:m]).reshape(m, kh, kw, c, p)
-        dst = dx[s:e].reshape(m, c, h * wd) if pbuf is None else pbuf[:m]
-        dst.fill(0)
-        for i in range(kh):
-            for j in range(kw):
-                off = i * dh * wp + j * dw
-                dst[:, :, off : off + run] += d[:, i, j, :, :run]
-        if pbuf is not None:
-            np.copyto(dx[s:e], pbuf[:m].reshape(m, c, hp, wp)[:, :, pt : pt + h, pl : pl + wd])
+    sz = dt.itemsize
+
+    def images(lo: int, hi: int) -> None:
+        m_max = min(step, hi - lo)
+        gw = np.zeros((m_max, o, ho, wp), dt)
+        rows = np.zeros(m_max * kk * rl, dt)  # the GEMM writes only the middle of each row: the rest stays 0
+        prod = as_strided(rows[lead:], (m_max, kk, p), (kk * rl * sz, rl * sz, sz))
+        # element (m, i, j, c, t): row (i, j, c) of image m read at t - (tap (i, j)'s offset in the flat image)
+        taps = as_strided(
+            rows[lead:],
+            (m_max, kh, kw, c, hp * wp),
+            (kk * rl * sz, (kw * c * rl - dh * wp) * sz, (c * rl - dw) * sz, rl * sz, sz),
+            writeable=False,
+        )
+        pbuf = np.empty((m_max, c, hp * wp), dt) if padded else None
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            m = e - s
+            np.copyto(gw[:m, :, :, :wo], g[s:e])
+            np.matmul(wt, gw[:m].reshape(m, o, p), out=prod[:m])
+            dst = dx[s:e].reshape(m, c, h * wd) if pbuf is None else pbuf[:m]
+            np.sum(taps[:m], axis=(1, 2), out=dst)
+            if pbuf is not None:
+                np.copyto(dx[s:e], pbuf[:m].reshape(m, c, hp, wp)[:, :, pt : pt + h, pl : pl + wd])
+
+    run_slices(images, _image_slices(n, step, n * o * kk * p))
     return dx
 
 
 def _nchw_weight_grad(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], geom: Geom, dt: Any) -> np.ndarray:
-    """Per image columns (K, Ho*Wo) @ g^T (Ho*Wo, O), summed over the images block by block. (K, O) is the
-    product OpenBLAS runs faster than (O, K) = g @ columns^T here: W9's conv2 22.7 -> 18.9 ms, same sums.)"""
+    """Per image columns (K, Ho*Wo) @ g^T (Ho*Wo, O), summed over the images block by block, then over the
+    slices in order. (K, O) is the product OpenBLAS runs faster than (O, K) = g @ columns^T here: W9's
+    conv2 22.7 -> 18.9 ms, same sums.)"""
     n = x.shape[0]
     o, c, kh, kw = w_shape
     ho, wo = g.shape[2:]
@@ -327,15 +365,24 @@ def _nchw_weight_grad(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], ge
     win = _nchw_windows(x, kh, kw, geom, ho, wo)
     gm = g.reshape(n, o, p)
     step = _block(n, k * p * dt.itemsize)
-    buf = np.empty((step, c, kh, kw, ho, wo), dt)
-    part = np.empty((step, k, o), dt)
-    dwt = np.zeros((k, o), dt)
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        cols = buf[: e - s]
-        np.copyto(cols, win[s:e])
-        prod = np.matmul(cols.reshape(e - s, k, p), gm[s:e].transpose(0, 2, 1), out=part[: e - s])
-        dwt += prod.sum(0) if e - s > 1 else prod[0]
+
+    def images(lo: int, hi: int) -> np.ndarray:
+        m_max = min(step, hi - lo)
+        buf = np.empty((m_max, c, kh, kw, ho, wo), dt)
+        part = np.empty((m_max, k, o), dt)
+        dwt = np.zeros((k, o), dt)
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            cols = buf[: e - s]
+            np.copyto(cols, win[s:e])
+            prod = np.matmul(cols.reshape(e - s, k, p), gm[s:e].transpose(0, 2, 1), out=part[: e - s])
+            dwt += prod.sum(0) if e - s > 1 else prod[0]
+        return dwt
+
+    sums = run_slices(images, _image_slices(n, step, n * o * k * p))
+    dwt = sums[0]
+    for part in sums[1:]:
+        dwt += part
     return np.ascontiguousarray(dwt.T).reshape(w_shape)
 
 
@@ -667,10 +714,22 @@ def _max_pool_kernel(x: np.ndarray, geom: Geom) -> np.ndarray:
     ho, wo = geom["out"]
     xp_ = _pad(x, geom["padding"], _lowest(x.dtype))
     taps = _taps(geom)
-    best = np.array(_tap(xp_, *taps[0], geom, ho, wo), order="K")
-    for i, j in taps[1:]:
-        np.maximum(best, _tap(xp_, i, j, geom, ho, wo), out=best)
-    return best
+    cl = _channels_last(x)
+    if x.size < SPLIT_MIN_ELEMENTS or not (cl or x.flags.c_contiguous):
+        best = np.array(_tap(xp_, *taps[0], geom, ho, wo), order="K")
+        for i, j in taps[1:]:
+            np.maximum(best, _tap(xp_, i, j, geom, ho, wo), out=best)
+        return best
+    out = _empty((*x.shape[:2], ho, wo), x.dtype, cl)  # the layout np.array(order="K") gives above
+
+    def images(lo: int, hi: int) -> None:
+        best, src = out[lo:hi], xp_[lo:hi]
+        np.copyto(best, _tap(src, *taps[0], geom, ho, wo))
+        for i, j in taps[1:]:
+            np.maximum(best, _tap(src, i, j, geom, ho, wo), out=best)
+
+    run_slices(images, slices(x.shape[0], 1, True))
+    return out
 
 
 def _argmax_taps(x: np.ndarray, geom: Geom) -> np.ndarray:
@@ -770,8 +829,66 @@ def _max_pool_meta(x: Tensor, geom: Geom) -> Any:
     return (*x.shape[:2], *geom["out"]), x.dtype
 
 
+def _tap_major(a: np.ndarray, geom: Geom) -> np.ndarray:
+    """The (kh, kw, N, C, Ho, Wo) view of ``a`` (any layout) whose [i, j] is what tap (i, j) of tiling
+    windows reads (or writes)."""
+    (kh, kw), (ho, wo) = geom["kernel"], geom["out"]
+    sn, sc, sh, sw = a.strides
+    n, c = a.shape[:2]
+    return as_strided(a, (kh, kw, n, c, ho, wo), (sh, sw, sn, sc, sh * kh, sw * kw))
+
+
+def _max_pool_tiled_backward(x: np.ndarray, g: np.ndarray, geom: Geom) -> np.ndarray | None:
+    """max_pool2d's input gradient for tiling windows from ``x`` alone, or None when a window's max is NaN
+    or ``g`` is not finite (then the general path, which handles them, runs).
+
+    Each tap's values are copied out once into a contiguous array and the gradient built tap by tap there
+    (numpy's ufuncs run ~5x slower on the taps' strided views, whose rows are Wo elements with a stride):
+    ``hit = tap == max``; ``dx_tap = rest * hit``; ``rest -= dx_tap``, so g goes to the first tap that holds
+    the max, as PyTorch's argmax picks it. W9's pool (64x64x24x24), one thread: 7.9 -> 5.7 ms.
+    """
+    if x.dtype.kind != "f" or g.dtype != x.dtype or not bool(np.isfinite(g).all()):
+        return None
+    (kh, kw), (ho, wo) = geom["kernel"], geom["out"]
+    n, c, h, w = x.shape
+    taps = kh * kw
+    dx = _empty((n, c, h, w), g.dtype, _channels_last(g))
+    if ho * kh < h:  # rows and columns past the last window get no gradient
+        dx[:, :, ho * kh :] = 0
+    if wo * kw < w:
+        dx[:, :, :, wo * kw :] = 0
+    src, dst = _tap_major(x, geom), _tap_major(dx, geom)
+
+    def images(lo: int, hi: int) -> bool:
+        m = hi - lo
+        vals = np.empty((taps, m, c, ho, wo), x.dtype)
+        for t in range(taps):
+            np.copyto(vals[t], src[t // kw, t % kw, lo:hi])
+        best = np.array(vals[0]) if taps == 1 else np.maximum(vals[0], vals[1])
+        for t in range(2, taps):
+            np.maximum(best, vals[t], out=best)
+        if bool(np.isnan(best).any()):
+            return False
+        hit = np.empty(best.shape, bool)
+        part = np.empty(best.shape, g.dtype)
+        rest = g[lo:hi]
+        for t in range(taps):
+            np.equal(vals[t], best, out=hit)
+            np.multiply(rest, hit, out=part)
+            np.copyto(dst[t // kw, t % kw, lo:hi], part)
+            if t < taps - 1:
+                rest = np.subtract(rest, part) if t == 0 else np.subtract(rest, part, out=rest)
+        return True
+
+    return dx if all(run_slices(images, slices(n, 1, x.size >= SPLIT_MIN_ELEMENTS))) else None
+
+
 def _max_pool_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     x = args[0]
+    if xp is NP and _tiling(kw["geom"], x.shape):
+        dx = _max_pool_tiled_backward(x, g, kw["geom"])
+        if dx is not None:
+            return (dx,)
     idx = _argmax_taps(xp.value(x), kw["geom"])
     return (xp.max_pool2d_scatter(g, idx, tuple(x.shape), kw["geom"]),)
 

@@ -17,6 +17,7 @@ from ..runtime._op import OpError, defop
 from ..runtime._promote import result_type, result_type2, to_float
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP, register_xp
+from ._slices import sliced_flat
 
 _udtype: dict[tuple[Any, Any], np.dtype[Any]] = {}
 
@@ -306,7 +307,12 @@ def _relu_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     # multiplying by the mask is ~8x faster than np.where on float32 (measured: 30 vs 250 us on 128x512)
     a = args[0]
     if xp is NP and g.dtype == a.dtype and g.flags.c_contiguous and g.shape == a.shape:
-        return (np.multiply(g, a > 0, out=lane_empty(g.shape, g.dtype)),)
+        out = lane_empty(g.shape, g.dtype)
+        if not a.flags.c_contiguous:
+            return (np.multiply(g, a > 0, out=out),)
+        gf, af, of = g.reshape(-1), a.reshape(-1), out.reshape(-1)
+        sliced_flat(lambda lo, hi: np.multiply(gf[lo:hi], af[lo:hi] > 0, out=of[lo:hi]), g.size)
+        return (out,)
     return (g * (a > 0),)
 
 
@@ -330,7 +336,10 @@ def _sigmoid_kernel(a: np.ndarray) -> np.ndarray:
 
 def _relu_kernel(a: np.ndarray) -> np.ndarray:
     if a.dtype.kind == "f" and a.flags.c_contiguous:
-        return np.maximum(a, 0, out=lane_empty(a.shape, a.dtype))
+        out = lane_empty(a.shape, a.dtype)
+        af, of = a.reshape(-1), out.reshape(-1)
+        sliced_flat(lambda lo, hi: np.maximum(af[lo:hi], 0, out=of[lo:hi]), a.size)
+        return out
     if a.dtype.kind == "b":  # the inline fast path skips the meta; numpy would give int64
         raise _relu_bool()
     return np.maximum(a, 0)

@@ -139,6 +139,116 @@ async def test_conv2d_nchw_blocked_fd(
                            x, w, b)
 
 
+SLICED = [
+    ((5, 3, 8, 9), (4, 3, 3, 3), {}),  # stride 1 (the widened col2im), an odd batch
+    ((3, 4, 9, 9), (6, 4, 3, 2), {"stride": 2, "padding": 1}),
+    ((4, 5, 9, 10), (3, 5, 3, 2), {"dilation": (2, 1), "padding": (1, 2)}),
+]
+
+
+async def _conv_values(lanes: int, x: np.ndarray, w: np.ndarray, b: np.ndarray, kw: Any) -> list[np.ndarray]:
+    async with ag.open_runtime(lanes=lanes) as rt:
+        lanes_of = rt.devices["cpu"]._lanes
+        while not all(lane._idle for lane in lanes_of):  # the sibling waiting for work, as in a training
+            await trio.sleep(0.001)
+        xt, wt, bt = (ag.tensor(a, requires_grad=True) for a in (x, w, b))
+        y = ag.conv2d(xt, wt, bt, **kw)
+        g = np.random.default_rng(5).standard_normal(y.shape)
+        grads = await ag.grad((y * ag.tensor(g)).sum(), [xt, wt, bt])
+        out = [y.numpy().copy(), *(t.numpy().copy() for t in grads)]
+        if lanes > 1:
+            await ag.autograd.gradcheck(
+                lambda x, w, b: ag.conv2d(x, w, b, **kw), [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=3
+            )
+        return out
+
+
+@pytest.mark.parametrize("per_block", [1, 2])
+@pytest.mark.parametrize("xs,ws,kw", SLICED)
+async def test_conv2d_nchw_image_slices_on_two_lanes(
+    xs: Any, ws: Any, kw: Any, per_block: int, rng: np.random.Generator, monkeypatch: Any
+) -> None:
+    """The blocked NCHW kernels cut into image slices (every kernel counted as big enough), shared with an
+    idle sibling lane: output and gradients equal the one-lane run bit for bit (the weight gradient sums
+    the slices in order, whoever ran them), and match finite differences."""
+    from asyncgrad.devices import _blas
+    from asyncgrad.ops import _conv, _slices
+
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    k = ws[1] * ws[2] * ws[3]
+    pixels = math.prod(F.conv2d(torch.tensor(x), torch.tensor(w), **kw).shape[2:])
+    monkeypatch.setattr(_conv, "_MIN_PIXELS", 1)
+    monkeypatch.setattr(_conv, "_BLOCK_BYTES", per_block * k * pixels * 8)
+    monkeypatch.setattr(_conv, "_SPLIT_MIN_MACS", 0)
+    assert len(_conv._image_slices(xs[0], per_block, 1)) == min(_slices.MAX_SLICES, -(-xs[0] // per_block))
+    _blas.pin_spare_cores(2)  # a sibling is lent slices only where other processes leave it a core
+    try:
+        with trio.fail_after(T):
+            one = await _conv_values(1, x, w, b, kw)
+            two = await _conv_values(2, x, w, b, kw)
+    finally:
+        _blas.pin_spare_cores(None)
+    for a, c in zip(one, two):
+        assert a.tobytes() == c.tobytes()
+    ty = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), **kw)
+    np.testing.assert_allclose(one[0], ty.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_image_slices_are_whole_blocks_covering_the_batch() -> None:
+    from asyncgrad.ops import _conv
+
+    big = _conv._SPLIT_MIN_MACS
+    assert _conv._image_slices(64, 1, big - 1) == [(0, 64)]
+    assert _conv._image_slices(64, 1, big) == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    assert _conv._image_slices(7, 3, big) == [(0, 3), (3, 6), (6, 7)]
+    assert _conv._image_slices(5, 2, big) == [(0, 2), (2, 4), (4, 5)]
+    assert _conv._image_slices(1, 1, big) == [(0, 1)]
+
+
+async def test_run_slices_lends_slices_to_an_idle_lane_on_one_blas_thread() -> None:
+    """`run_slices` on a lane with an idle sibling: a slice runs there (the first one waits for it), each
+    result lands in its slot, and the lanes run the slices with one BLAS thread where the count can be
+    switched."""
+    import threading
+
+    from threadpoolctl import ThreadpoolController
+
+    from asyncgrad.devices import _blas
+    from asyncgrad.ops import _slices
+
+    def blas_threads() -> int:
+        return int(ThreadpoolController().select(user_api="blas").info()[0]["num_threads"])
+
+    _blas.pin_spare_cores(2)
+    try:
+        async with ag.open_runtime(lanes=2) as rt:
+            lanes = rt.devices["cpu"]._lanes
+            with trio.fail_after(T):
+                while not all(lane._idle for lane in lanes):
+                    await trio.sleep(0.001)
+                last_ran = threading.Event()
+                seen: dict[int, tuple[str, int | None]] = {}
+
+                def fn(lo: int, hi: int) -> int:
+                    if lo == 0:
+                        assert last_ran.wait(T), "no sibling lane ran a slice"
+                    seen[lo] = (threading.current_thread().name, blas_threads())
+                    if hi == 4:
+                        last_ran.set()
+                    return lo * 10 + hi
+
+                got: list[Any] = []
+                stream = rt.devices["cpu"].pool.acquire()
+                stream.submit(lambda: got.extend(_slices.run_slices(fn, [(0, 2), (2, 4)])))
+                await stream.synchronize()
+    finally:
+        _blas.pin_spare_cores(None)
+    assert got == [2, 24]
+    assert seen[0][0] != seen[2][0]
+    if _blas.boost_available():
+        assert seen[0][1] == seen[2][1] == 1
+
+
 async def test_conv2d_mnist_conv2_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
     """W9's second MNIST conv (32 -> 64 channels on 26x26, several image blocks) in float32."""
     with trio.fail_after(T):
@@ -197,6 +307,75 @@ def test_max_pool_tiled_scatter_matches_general(hw: Any, k: int, rng: np.random.
     np.testing.assert_array_equal(_pool_scatter_kernel(g, idx, x.shape, geom), _scatter_general(g, idx, x.shape, geom))
     g[0, 0, 0, 0] = np.inf  # must not turn the window's other entries into NaN (inf * 0)
     np.testing.assert_array_equal(_pool_scatter_kernel(g, idx, x.shape, geom), _scatter_general(g, idx, x.shape, geom))
+
+
+@pytest.mark.parametrize("hw", [(8, 8), (9, 7)])
+@pytest.mark.parametrize("k", [2, 3, (3, 2)])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_max_pool_tiled_backward_matches_general(hw: Any, k: Any, layout: str, rng: np.random.Generator) -> None:
+    """The tap-major backward (`_max_pool_tiled_backward`) gives the general path's gradient: ties (ReLU'd
+    zeros, whole windows of one value) to the first tap, -inf entries, rows and columns past the last
+    window zero, every layout; NaN maxima and non-finite gradients are left to the general path."""
+    from asyncgrad.ops._conv import _max_pool_tiled_backward
+
+    h, w = hw
+    kh, kw = (k, k) if isinstance(k, int) else k
+    x = np.maximum(rng.standard_normal((2, 3, h, w)), 0.0)
+    x[0, 1] = 0.5  # every window of a plane holds one value
+    x[1, 2, :kh, :kw] = -np.inf
+    if layout == "channels_last":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    ho, wo = h // kh, w // kw
+    geom = {"kernel": (kh, kw), "stride": (kh, kw), "dilation": (1, 1), "padding": (0, 0, 0, 0),
+            "out": (ho, wo), "pool_pad": (0, 0)}
+    g = rng.standard_normal((2, 3, ho, wo))
+    want = _scatter_general(g, _argmax_taps(x, geom), x.shape, geom)
+    got = _max_pool_tiled_backward(x, g, geom)
+    assert got is not None
+    np.testing.assert_array_equal(got, want)
+    bad = g.copy()
+    bad[0, 0, 0, 0] = np.inf
+    assert _max_pool_tiled_backward(x, bad, geom) is None
+    xn = x.copy()
+    xn[1, 1, 0, 0] = np.nan
+    assert _max_pool_tiled_backward(xn, g, geom) is None
+
+
+async def test_max_pool2d_and_relu_slices_fd_and_nan(rng: np.random.Generator, monkeypatch: Any) -> None:
+    """max_pool2d(x, 2) (forward and the tiling backward) and relu (forward and backward) cut into slices on
+    two lanes (every kernel counted as big enough) equal one slice bit for bit; the pool's backward matches
+    finite differences (float64) and, for a NaN maximum, PyTorch."""
+    from asyncgrad.devices import _blas
+    from asyncgrad.ops import _conv, _slices
+
+    x = rng.standard_normal((5, 3, 6, 7))
+    g = rng.standard_normal((5, 3, 3, 3))
+    _blas.pin_spare_cores(2)
+    try:
+        with trio.fail_after(T):
+            got = []
+            for lanes, split_min in ((1, 1 << 40), (2, 1)):
+                monkeypatch.setattr(_conv, "SPLIT_MIN_ELEMENTS", split_min)
+                monkeypatch.setattr(_slices, "SPLIT_MIN_ELEMENTS", split_min)
+                async with ag.open_runtime(lanes=lanes) as rt:
+                    while not all(lane._idle for lane in rt.devices["cpu"]._lanes):
+                        await trio.sleep(0.001)
+                    xt = ag.tensor(x, requires_grad=True)
+                    y = ag.max_pool2d(ag.relu(xt), 2)
+                    (gx,) = await ag.grad((y * ag.tensor(g)).sum(), [xt])
+                    got.append(y.numpy().copy())
+                    got.append(gx.numpy().copy())
+                    if lanes == 2:
+                        await ag.autograd.gradcheck(lambda x: ag.max_pool2d(x, 2), [x], eps=1e-6, atol=1e-7,
+                                                    rtol=1e-5, seed=4)
+                        xn = x.copy()
+                        xn[1, 0, 2, 3] = np.nan
+                        await vs_torch(lambda x: ag.max_pool2d(x, 2), lambda x: F.max_pool2d(x, 2), xn)
+    finally:
+        _blas.pin_spare_cores(None)
+    assert got[0].tobytes() == got[2].tobytes() and got[1].tobytes() == got[3].tobytes()
+    ty = F.max_pool2d(F.relu(torch.tensor(x)), 2)
+    np.testing.assert_array_equal(got[0], ty.numpy())
 
 
 async def test_max_pool2d_tiling_grad_vs_torch(rt: Any, rng: np.random.Generator) -> None:
