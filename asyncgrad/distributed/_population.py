@@ -24,7 +24,7 @@ from ._errors import WorkerDied, WorkersClosed
 from ._peer import target_of
 from ._ray import ray_session
 from ._trial import CHECKPOINT, REPORT
-from ._workers import Worker, Workers, open_workers
+from ._workers import LocalLauncher, Worker, Workers, open_workers
 
 # Trainings per worker core at once. Measured on W3's 32 trainings through 2 workers on 2 cores (seconds,
 # 3 interleaved rounds, a loaded machine): max_concurrent 1: 2.65 1.28 1.64; 2: 2.04 1.40 2.73;
@@ -395,12 +395,26 @@ class Population:
             raise
 
 
-def _cores() -> int:
-    """The cores this process may run on (its affinity, e.g. under taskset or a container's cpuset)."""
+def _cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity, e.g. under taskset or a container's cpuset)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def _core_groups(cpus: list[int], k: int, per: int) -> list[list[int]] | None:
+    """``per`` CPUs of their own for each of ``k`` local workers, or None when they do not fit (then the
+    workers share all of them, as the scheduler places them).
+
+    Pinned, a worker's loop and lane hand the GIL to each other on one core, and the workers never run
+    on each other's cores. Measured on W3 (32 trainings over 2 workers on 2 cores, 6 interleaved rounds,
+    medians, other jobs loading the machine ~3): 0.88 s against 1.22 s unpinned for all 32 at P=2, 0.79 s
+    against 1.34 s at P=4, 46 ms of worker CPU per training against 50, and far less spread.
+    """
+    if k < 2 or k * per > len(cpus):
+        return None
+    return [cpus[i * per : (i + 1) * per] for i in range(k)]
 
 
 @asynccontextmanager
@@ -417,7 +431,9 @@ async def open_population(
 
     Args:
         workers: Worker processes. The cores are shared among them: each worker's runtime gets
-            ``cores // workers`` lanes with one BLAS thread each, so the workers never oversubscribe.
+            ``cores // workers`` lanes with one BLAS thread each, so the workers never oversubscribe,
+            and local workers run on those cores only (their CPU affinity: worker i on the i-th group
+            of this process's CPUs; a replacement on the dead worker's), when there are enough of them.
         backend: ``"local"`` (worker processes on this machine) or ``"ray"`` (each worker a Ray actor of
             ``cpus // workers`` CPUs, the cluster's CPUs shared as above; needs ``pip install
             'asyncgrad[ray]'``). Ray is used as it is when initialised, else started here (``ray.init()``,
@@ -456,10 +472,13 @@ async def open_population(
         "max_concurrent": max_concurrent, "max_retries": max_retries, "start_timeout": start_timeout,
     }
     if backend == "local":
-        cores = _cores()
-        k = cores if workers is None else workers
-        per = max(1, cores // k)
-        async with open_workers(k, lanes=per, blas_threads=1, start_timeout=start_timeout) as ws:
+        mine = _cpus()
+        k = len(mine) if workers is None else workers
+        per = max(1, len(mine) // k)
+        launcher = LocalLauncher(_core_groups(mine, k, per))
+        async with open_workers(
+            k, lanes=per, blas_threads=1, start_timeout=start_timeout, launcher=launcher
+        ) as ws:
             async with _populate(ws, per, **options) as pop:
                 yield pop
         return

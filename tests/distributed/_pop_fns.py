@@ -103,3 +103,14 @@ async def mixed(trial: Any, cfg: dict[str, Any]) -> Any:
     if "sleep" in cfg:
         return await sleepy(trial, cfg)
     return await mlp(trial, cfg)
+
+
+async def affinity(trial: Any, cfg: Any) -> dict[str, Any]:
+    """The CPUs each thread of this worker may run on (its loop, its lanes, OpenBLAS's pool)."""
+    masks = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            masks.append(sorted(os.sched_getaffinity(int(tid))))
+        except OSError:  # a thread that just ended
+            pass
+    return {"worker": trial.worker, "masks": masks}

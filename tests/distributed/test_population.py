@@ -323,3 +323,61 @@ async def test_ray_missing_names_the_extra(rt1, monkeypatch) -> None:
     with trio.fail_after(TIMEOUT), pytest.raises(ImportError, match=r"pip install 'asyncgrad\[ray\]'"):
         async with dist.open_population(workers=1, backend="ray"):
             pass
+
+
+def test_core_groups() -> None:
+    from asyncgrad.distributed._population import _core_groups
+
+    assert _core_groups([0, 1], 2, 1) == [[0], [1]]
+    assert _core_groups([2, 3, 5, 7, 8], 2, 2) == [[2, 3], [5, 7]]  # the CPUs this process may use, in order
+    assert _core_groups([0, 1], 1, 2) is None  # one worker: all of them, nothing to pin
+    assert _core_groups([0, 1], 3, 1) is None  # more workers than cores: they share them all
+
+
+_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+async def _masks_by_worker(pop, n: int) -> dict[str, list[list[int]]]:
+    """The CPU masks of every thread of each of the ``n`` workers (one run on each: least-loaded placement)."""
+    runs = [await pop.start(_pop_fns.affinity, i) for i in range(n)]
+    out = {}
+    for r in runs:
+        got = await r.result()
+        out[got["worker"]] = got["masks"]
+    assert len(out) == n
+    return out
+
+
+@pytest.mark.skipif(len(_CPUS) < 2 or not os.path.isdir("/proc/self/task"), reason="needs 2 CPUs and Linux")
+async def test_local_workers_run_on_cores_of_their_own(rt1) -> None:
+    per = len(_CPUS) // 2
+    groups = [_CPUS[:per], _CPUS[per : 2 * per]]
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2) as pop:
+            masks = await _masks_by_worker(pop, 2)
+            by_name = {w.name: w for w in pop.workers}
+            # every thread of worker i (loop, lane, OpenBLAS's pool) runs on the i-th group only
+            assert {name: masks[name] for name in sorted(masks)} == {
+                name: [groups[by_name[name].index]] * len(masks[name]) for name in sorted(masks)
+            }
+            victim = pop.workers[0]
+            os.kill(victim.pid, signal.SIGKILL)
+            while victim.alive:
+                await trio.sleep(0.05)
+            await (await pop.start(_pop_fns.affinity, 0)).result()  # placing it replaces the dead worker
+            while pop.statistics().workers_replaced < 1:
+                await trio.sleep(0.05)
+            masks = await _masks_by_worker(pop, 2)
+            (survivor,) = [w for w in pop.workers if w.name in by_name]
+            (replacement,) = [w for w in pop.workers if w.name not in by_name]
+        # the replacement takes the dead worker's cores; the survivor keeps its own
+        assert all(m == groups[survivor.index] for m in masks[survivor.name])
+        assert all(m == groups[victim.index] for m in masks[replacement.name])
+
+
+@pytest.mark.skipif(len(_CPUS) < 2 or not os.path.isdir("/proc/self/task"), reason="needs 2 CPUs and Linux")
+async def test_more_workers_than_cores_share_them_all(rt1) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=len(_CPUS) + 1) as pop:
+            masks = await _masks_by_worker(pop, len(_CPUS) + 1)
+    assert all(m == _CPUS for ms in masks.values() for m in ms)
