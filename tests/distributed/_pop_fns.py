@@ -114,3 +114,12 @@ async def affinity(trial: Any, cfg: Any) -> dict[str, Any]:
         except OSError:  # a thread that just ended
             pass
     return {"worker": trial.worker, "masks": masks}
+
+
+async def marks_start(trial: Any, cfg: dict[str, Any]) -> int:
+    """Writes cfg["marker"] as it starts, reports, sleeps cfg["sleep"] seconds; returns the worker's pid."""
+    with open(cfg["marker"], "w") as f:
+        f.write("started")
+    await trial.report(step=0, pid=os.getpid())
+    await trio.sleep(cfg.get("sleep", 0))
+    return os.getpid()
