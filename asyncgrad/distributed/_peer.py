@@ -12,6 +12,7 @@ away cancels all of them.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import importlib
@@ -20,7 +21,7 @@ import inspect
 import itertools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -275,11 +276,33 @@ def _target_of(fn: Any) -> str:
 class CallContext:
     """The call a task is serving: ``await notify(value)`` streams ``value`` to the caller as it happens."""
 
-    __slots__ = ("call_id", "peer")
+    __slots__ = ("_served", "call_id", "peer")
 
-    def __init__(self, peer: Peer, call_id: int) -> None:
+    def __init__(self, peer: Peer, call_id: int, served: _Served | None = None) -> None:
         self.peer = peer
         self.call_id = call_id
+        self._served = served
+
+    def drop_stream(self) -> None:
+        """(a call about to wait, running no kernels) Give the call's pool stream back meanwhile: a device
+        counts the streams taken as trainings sharing it, and a waiting call is none. Take one again with
+        `fresh_stream` before queuing work."""
+        served = self._served
+        if served is not None and served.stream is not None:
+            stream, served.stream = served.stream, None
+            _streams.release(served.dev, stream)
+
+    @contextlib.contextmanager
+    def fresh_stream(self) -> Iterator[None]:
+        """After `drop_stream`: a new pool stream of the call's device, current in the block and the one
+        its response is staged from."""
+        served = self._served
+        if served is None or served.stream is not None or served.dev is None:
+            yield
+            return
+        served.stream = _streams.acquire(served.dev)
+        with use_stream(served.stream):
+            yield
 
     async def notify(self, value: Any) -> None:
         enc = encode([NOTIFY, self.call_id, value], describe=[("the message", value)])
@@ -825,7 +848,7 @@ class _CallScope:
 
     def __enter__(self) -> None:
         call = self._call
-        self._token = current_call.set(CallContext(call.peer, call.call_id))
+        self._token = current_call.set(CallContext(call.peer, call.call_id, call))
         self._use = use_stream(call.stream) if call.stream is not None else None
         if self._use is not None:
             self._use.__enter__()

@@ -1,6 +1,6 @@
 """A worker process: connect to the parent, prove the secret, open a runtime, serve calls until told to stop.
 
-    python -m asyncgrad.distributed.worker --connect HOST:PORT --token-file FILE [--name NAME]
+    python -m asyncgrad.distributed.worker --connect HOST:PORT --token-file FILE [--name NAME] [--cpus 0,1]
 
 Local workers started by `open_workers` run exactly this, with ``--token-file -`` (the secret on stdin).
 The worker also listens on loopback for peers (other connections that prove the same secret); a
@@ -42,6 +42,35 @@ def _read_token(path: str) -> bytes:
     if not data:
         raise SystemExit(f"asyncgrad worker: no secret in {'stdin' if path == '-' else path}")
     return data
+
+
+def pin_to_cpus(cpus: list[int]) -> None:
+    """Run this process on ``cpus`` only: every thread it has now (OpenBLAS's pool, started when numpy
+    loaded) and, through the main thread's mask, every thread it starts later (the runtime's lanes).
+
+    Linux only (``/proc/self/task``); elsewhere, or for CPUs this process may not use, nothing changes.
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # a thread that just ended, or CPUs outside this process's cpuset
+            pass
+
+
+def _cpu_list(text: str) -> list[int]:
+    try:
+        cpus = sorted({int(c) for c in text.split(",") if c.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cpus takes CPU numbers separated by commas, got {text!r}") from None
+    if not cpus or cpus[0] < 0:
+        raise argparse.ArgumentTypeError(f"--cpus takes CPU numbers separated by commas, got {text!r}")
+    return cpus
 
 
 def _apply_config(config: dict[str, Any], node: Node) -> None:
@@ -134,7 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token-file", required=True, metavar="FILE", help="the cluster secret ('-': read stdin)")
     ap.add_argument("--name", default=None, help="this worker's name (default: given by the parent)")
     ap.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to keep trying to connect")
+    ap.add_argument(
+        "--cpus", type=_cpu_list, default=None, metavar="LIST",
+        help="run on these CPUs only, e.g. 0,1 (a population's local workers each get cores of their own)",
+    )
     args = ap.parse_args(argv)
+    if args.cpus is not None:
+        pin_to_cpus(args.cpus)  # before the runtime starts its lanes: they inherit the mask
     logging.basicConfig(level=logging.WARNING, format="asyncgrad worker %(process)d: %(levelname)s %(message)s")
     secret = _read_token(args.token_file)
     try:

@@ -101,7 +101,16 @@ class Launcher(Protocol):
 
 class LocalLauncher:
     """Workers as child processes of this one: ``python -m asyncgrad.distributed.worker``, the secret on
-    their stdin, this package first on their import path."""
+    their stdin, this package first on their import path.
+
+    ``core_groups``: CPU sets to run the workers on, one each (``--cpus``): a worker takes a set no live
+    worker of this launcher holds (a replacement takes the dead worker's), and runs unpinned when none is
+    free.
+    """
+
+    def __init__(self, core_groups: Sequence[Sequence[int]] | None = None) -> None:
+        self._groups = [list(g) for g in core_groups or ()]
+        self._holders: list[WorkerProcess | None] = [None] * len(self._groups)
 
     def launch(self, name: str, address: str, secret: bytes) -> WorkerProcess:
         env = dict(os.environ)
@@ -111,7 +120,13 @@ class LocalLauncher:
             sys.executable, "-m", "asyncgrad.distributed.worker",
             "--connect", address, "--token-file", "-", "--name", name,
         ]
-        return _Process(argv, env, secret)
+        free = next((i for i, p in enumerate(self._holders) if p is None or p.ended), None)
+        if free is not None:
+            argv += ["--cpus", ",".join(str(c) for c in self._groups[free])]
+        proc = _Process(argv, env, secret)
+        if free is not None:
+            self._holders[free] = proc
+        return proc
 
 
 class _Process:

@@ -103,3 +103,23 @@ async def mixed(trial: Any, cfg: dict[str, Any]) -> Any:
     if "sleep" in cfg:
         return await sleepy(trial, cfg)
     return await mlp(trial, cfg)
+
+
+async def affinity(trial: Any, cfg: Any) -> dict[str, Any]:
+    """The CPUs each thread of this worker may run on (its loop, its lanes, OpenBLAS's pool)."""
+    masks = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            masks.append(sorted(os.sched_getaffinity(int(tid))))
+        except OSError:  # a thread that just ended
+            pass
+    return {"worker": trial.worker, "masks": masks}
+
+
+async def marks_start(trial: Any, cfg: dict[str, Any]) -> int:
+    """Writes cfg["marker"] as it starts, reports, sleeps cfg["sleep"] seconds; returns the worker's pid."""
+    with open(cfg["marker"], "w") as f:
+        f.write("started")
+    await trial.report(step=0, pid=os.getpid())
+    await trio.sleep(cfg.get("sleep", 0))
+    return os.getpid()

@@ -323,3 +323,128 @@ async def test_ray_missing_names_the_extra(rt1, monkeypatch) -> None:
     with trio.fail_after(TIMEOUT), pytest.raises(ImportError, match=r"pip install 'asyncgrad\[ray\]'"):
         async with dist.open_population(workers=1, backend="ray"):
             pass
+
+
+def test_core_groups() -> None:
+    from asyncgrad.distributed._population import _core_groups
+
+    assert _core_groups([0, 1], 2, 1) == [[0], [1]]
+    assert _core_groups([2, 3, 5, 7, 8], 2, 2) == [[2, 3], [5, 7]]  # the CPUs this process may use, in order
+    assert _core_groups([0, 1], 1, 2) is None  # one worker: all of them, nothing to pin
+    assert _core_groups([0, 1], 3, 1) is None  # more workers than cores: they share them all
+
+
+_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+async def _masks_by_worker(pop, n: int) -> dict[str, list[list[int]]]:
+    """The CPU masks of every thread of each of the ``n`` workers (one run on each: least-loaded placement)."""
+    runs = [await pop.start(_pop_fns.affinity, i) for i in range(n)]
+    out = {}
+    for r in runs:
+        got = await r.result()
+        out[got["worker"]] = got["masks"]
+    assert len(out) == n
+    return out
+
+
+@pytest.mark.skipif(len(_CPUS) < 2 or not os.path.isdir("/proc/self/task"), reason="needs 2 CPUs and Linux")
+async def test_local_workers_run_on_cores_of_their_own(rt1) -> None:
+    per = len(_CPUS) // 2
+    groups = [_CPUS[:per], _CPUS[per : 2 * per]]
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2) as pop:
+            masks = await _masks_by_worker(pop, 2)
+            by_name = {w.name: w for w in pop.workers}
+            # every thread of worker i (loop, lane, OpenBLAS's pool) runs on the i-th group only
+            assert {name: masks[name] for name in sorted(masks)} == {
+                name: [groups[by_name[name].index]] * len(masks[name]) for name in sorted(masks)
+            }
+            victim = pop.workers[0]
+            os.kill(victim.pid, signal.SIGKILL)
+            while victim.alive:
+                await trio.sleep(0.05)
+            await (await pop.start(_pop_fns.affinity, 0)).result()  # placing it replaces the dead worker
+            while pop.statistics().workers_replaced < 1:
+                await trio.sleep(0.05)
+            masks = await _masks_by_worker(pop, 2)
+            (survivor,) = [w for w in pop.workers if w.name in by_name]
+            (replacement,) = [w for w in pop.workers if w.name not in by_name]
+        # the replacement takes the dead worker's cores; the survivor keeps its own
+        assert all(m == groups[survivor.index] for m in masks[survivor.name])
+        assert all(m == groups[victim.index] for m in masks[replacement.name])
+
+
+@pytest.mark.skipif(len(_CPUS) < 2 or not os.path.isdir("/proc/self/task"), reason="needs 2 CPUs and Linux")
+async def test_more_workers_than_cores_share_them_all(rt1) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=len(_CPUS) + 1) as pop:
+            masks = await _masks_by_worker(pop, len(_CPUS) + 1)
+    assert all(m == _CPUS for ms in masks.values() for m in ms)
+
+
+async def test_a_full_worker_takes_one_more_and_a_cancelled_one_never_runs(rt1, tmp_path, backend) -> None:
+    marks = [tmp_path / f"m{i}" for i in range(4)]
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=1, backend=backend) as pop:
+            c = pop.capacity  # each run counts for all the worker's cores: one at a time runs there
+            first = await pop.start(_pop_fns.marks_start, {"marker": str(marks[0]), "sleep": 60}, cores=c)
+            async for _ in first.reports():
+                break  # it is running
+            # the worker is full: one more is placed on it at once and waits there
+            queued = await pop.start(_pop_fns.marks_start, {"marker": str(marks[1])}, cores=c)
+            stats = pop.statistics()
+            assert (stats.running, stats.queued, stats.waiting) == (c, c, 0)
+            # a third waits in the parent: the worker has one waiting already
+            with trio.move_on_after(0.5) as cs:
+                await pop.start(_pop_fns.marks_start, {"marker": str(marks[2])}, cores=c)
+            assert cs.cancelled_caught and pop.statistics().waiting == 0
+            queued.cancel()
+            with pytest.raises(dist.RunCancelled):
+                await queued.result()
+            assert pop.statistics().queued == 0
+            # the next one waits behind the running one and starts the moment it returns
+            after = await pop.start(_pop_fns.marks_start, {"marker": str(marks[3])}, cores=c)
+            await trio.sleep(0.3)
+            assert not marks[3].exists() and pop.statistics().queued == c
+            first.cancel()
+            with pytest.raises(dist.RunCancelled):
+                await first.result()
+            pid = await after.result()
+            stats = pop.statistics()
+            assert pid == pop.workers[0].pid and stats.running == 0 and stats.queued == 0
+    assert marks[0].exists() and marks[3].exists()
+    assert not marks[1].exists() and not marks[2].exists()  # cancelled before they ran: never started
+
+
+async def test_a_run_waiting_on_a_dead_worker_is_placed_again(rt1, tmp_path, backend) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2, backend=backend) as pop:
+            busy = [await pop.start(_pop_fns.sleepy, {"sleep": 60}) for _ in range(2)]
+            for r in busy:
+                async for _ in r.reports():
+                    break  # both workers are running one
+            waiting = await pop.start(_pop_fns.mlp, {**CFG, "seed": 5})
+            assert pop.statistics().queued == 1
+            while waiting.worker is None:  # its call goes out from a task of the population
+                await trio.sleep(0.01)
+            (victim,) = [w for w in pop.workers if w.name == waiting.worker]
+            (on_victim,) = [r for r in busy if r.worker == victim.name]
+            (other,) = [r for r in busy if r is not on_victim]
+            if backend == "ray":
+                import ray
+
+                ray.kill(victim.process.actor)
+            else:
+                os.kill(victim.pid, signal.SIGKILL)
+            with pytest.raises(dist.WorkerDied):
+                await on_victim.result()  # it ran there: it fails (no retries asked for)
+            # it never ran there: placed again (behind the other worker's run, or on the replacement)
+            while waiting.worker == victim.name:
+                await trio.sleep(0.01)
+            other.cancel()
+            v = await waiting.result()
+            assert waiting.attempts == 1 and waiting.worker != victim.name  # no attempt used by the dead one
+            stats = pop.statistics()
+            assert stats.failed == 1 and stats.retried == 0 and stats.finished == 1
+    assert_same_params(v["params"], (await sequential([{**CFG, "seed": 5}]))[0])
