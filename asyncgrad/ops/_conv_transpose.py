@@ -9,7 +9,8 @@ col2im of conv2d's backward): its own rule gives the input's gradient (a ``conv2
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,42 +29,16 @@ def _tuple(name: str, what: str, v: Any, n: int) -> tuple[int, ...]:
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         return (int(v),) * n
     try:
+        if isinstance(v, str):
+            raise TypeError
         t = tuple(int(i) for i in v)
-    except TypeError:
+    except (TypeError, ValueError):
         raise OpError(f"{name}: {what} must be an int or a tuple of {n} ints, got {v!r}") from None
     if len(t) == 1:
         return t * n
     if len(t) != n:
         raise OpError(f"{name}: {what} must be an int or a tuple of {n} ints, got {v!r}")
     return t
-
-
-def conv1d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: Any = 1,
-    padding: Any = 0,
-    dilation: Any = 1,
-    groups: int = 1,
-) -> Tensor:
-    """1-d convolution like ``torch.nn.functional.conv1d``: input ``(N, C, L)`` or ``(C, L)``, weight
-    ``(O, C / groups, K)``; ``padding`` an int, ``"valid"`` or ``"same"``."""
-    name = "conv1d"
-    if not isinstance(input, Tensor) or not isinstance(weight, Tensor):
-        raise TypeError(f"{name}: input and weight must be Tensors")
-    if input.ndim not in (2, 3):
-        raise OpError(f"{name}: expected a 2-d (C, L) or 3-d (N, C, L) input, got shape {input.shape}")
-    if weight.ndim != 3:
-        raise OpError(f"{name}: expected a 3-d weight (out_channels, in_channels/groups, kW), got {weight.shape}")
-    unbatched = input.ndim == 2
-    x = input.unsqueeze(0) if unbatched else input
-    (s,) = _tuple(name, "stride", stride, 1)
-    (d,) = _tuple(name, "dilation", dilation, 1)
-    pad: Any = padding if isinstance(padding, str) else (0, _tuple(name, "padding", padding, 1)[0])
-    y = conv2d(x.unsqueeze(2), weight.unsqueeze(2), bias, (1, s), pad, (1, d), groups)
-    y = y.squeeze(2)
-    return y.squeeze(0) if unbatched else y
 
 
 def conv_transpose_output_padding(
@@ -170,28 +145,54 @@ def conv_transpose2d(
     return y  # type: ignore[no-any-return]
 
 
-def conv_transpose1d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: Any = 1,
-    padding: Any = 0,
-    output_padding: Any = 0,
-    groups: int = 1,
-    dilation: Any = 1,
-) -> Tensor:
-    """1-d transposed convolution like ``torch.nn.functional.conv_transpose1d`` (weight ``(C_in, C_out/groups, K)``)."""
-    name = "conv_transpose1d"
-    if not isinstance(input, Tensor) or not isinstance(weight, Tensor):
-        raise TypeError(f"{name}: input and weight must be Tensors")
-    if input.ndim not in (2, 3) or weight.ndim != 3:
-        raise OpError(f"{name}: expected input (N, C, L) or (C, L) and weight (C_in, C_out/groups, K), got "
-                      f"{input.shape} and {weight.shape}")
-    unbatched = input.ndim == 2
-    x = input.unsqueeze(0) if unbatched else input
-    one = lambda what, v: (1, _tuple(name, what, v, 1)[0])  # noqa: E731
-    y = conv_transpose2d(
-        x.unsqueeze(2), weight.unsqueeze(2), bias, one("stride", stride), (0, _tuple(name, "padding", padding, 1)[0]),
-        (0, _tuple(name, "output_padding", output_padding, 1)[0]), groups, one("dilation", dilation),
-    ).squeeze(2)
-    return y.squeeze(0) if unbatched else y
+def _height_one(
+    fn2d: Callable[..., Tensor], name: str, doc: str, weight_shape: str, *, str_padding: bool
+) -> Callable[..., Tensor]:
+    """The 1-d form of a 2-d convolution op: the same signature, run over a height of one.
+
+    Each geometry argument gets a height entry (a stride and dilation of 1, a padding and output padding of 0);
+    ``str_padding`` lets ``"valid"`` / ``"same"`` through unchanged.
+    """
+    sig = inspect.signature(fn2d)
+    height = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1}
+
+    def fn(*args: Any, **kwargs: Any) -> Tensor:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{name}: {e}") from None
+        bound.apply_defaults()
+        a = bound.arguments
+        input, weight = a["input"], a["weight"]
+        if not isinstance(input, Tensor) or not isinstance(weight, Tensor):
+            raise TypeError(f"{name}: input and weight must be Tensors")
+        if input.ndim not in (2, 3) or weight.ndim != 3:
+            raise OpError(f"{name}: expected input (N, C, L) or (C, L) and a 3-d weight {weight_shape}, got "
+                          f"{input.shape} and {weight.shape}")
+        for what, h in height.items():
+            if what in a and not (str_padding and what == "padding" and isinstance(a[what], str)):
+                a[what] = (h, _tuple(name, what, a[what], 1)[0])
+        unbatched = input.ndim == 2
+        a["input"] = (input.unsqueeze(0) if unbatched else input).unsqueeze(2)
+        a["weight"] = weight.unsqueeze(2)
+        y = fn2d(*bound.args, **bound.kwargs).squeeze(2)
+        return y.squeeze(0) if unbatched else y
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    fn.__signature__ = sig  # type: ignore[attr-defined]
+    return fn
+
+
+conv1d = _height_one(
+    conv2d, "conv1d",
+    """1-d convolution like ``torch.nn.functional.conv1d``: input ``(N, C, L)`` or ``(C, L)``, weight
+    ``(O, C / groups, K)``; ``padding`` an int, ``"valid"`` or ``"same"``.""",
+    "(out_channels, in_channels/groups, kW)", str_padding=True,
+)
+conv_transpose1d = _height_one(
+    conv_transpose2d, "conv_transpose1d",
+    """1-d transposed convolution like ``torch.nn.functional.conv_transpose1d``: input ``(N, C_in, L)`` or
+    ``(C_in, L)``, weight ``(C_in, C_out / groups, K)``.""",
+    "(C_in, C_out/groups, K)", str_padding=False,
+)

@@ -6,6 +6,7 @@ gradient is needed). The engine reduces broadcast gradients to the input shapes 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from ..devices import lane_empty
 from ..runtime._dispatch import apply, apply1, apply2
 from ..runtime._meta import broadcast_shapes, check_int_div
-from ..runtime._op import OpError, defop
+from ..runtime._op import Op, OpError, defop
 from ..runtime._promote import result_type, result_type2, to_float
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP, register_xp
@@ -167,15 +168,21 @@ OP_SUB = defop(
 )
 OP_MUL = defop("mul", np.multiply, _binary_meta("mul"), _mul_rule, cast_in=True, fast_kinds=_ALL_KINDS)
 OP_DIV = defop(
-    "div", np.true_divide, _binary_meta("div", "float"), _div_rule, cast_in=True, fast_kinds=_FLOAT_KINDS
+    "div", np.true_divide, _binary_meta("div", "float"), _div_rule, cast_in=True, fast_kinds=_FLOAT_KINDS,
+    doc="Elementwise true division with broadcasting.",
 )
-OP_POW = defop("pow", np.power, _binary_meta("pow", "pow"), _pow_rule, cast_in=True, fast_kinds="iufc")
+OP_POW = defop(
+    "pow", np.power, _binary_meta("pow", "pow"), _pow_rule, cast_in=True, fast_kinds="iufc",
+    doc="Elementwise ``a ** b``.",
+)
 OP_REMAINDER = defop(
-    "remainder", np.remainder, _binary_meta("remainder"), _remainder_rule, cast_in=True, fast_kinds="iuf"
+    "remainder", np.remainder, _binary_meta("remainder"), _remainder_rule, cast_in=True, fast_kinds="iuf",
+    doc="Elementwise ``a % b`` with the sign of ``b`` (Python's and PyTorch's modulo).",
 )
 # piecewise constant: no gradient flows (PyTorch has no derivative for it either)
 OP_FLOOR_DIVIDE = defop(
-    "floor_divide", np.floor_divide, _binary_meta("floor_divide"), None, cast_in=True, fast_kinds="iuf"
+    "floor_divide", np.floor_divide, _binary_meta("floor_divide"), None, cast_in=True, fast_kinds="iuf",
+    doc="Elementwise ``a // b``, rounded toward minus infinity (not differentiable).",
 )
 
 
@@ -193,10 +200,12 @@ def _maxmin_rule(greater: bool) -> Any:
 
 
 OP_MAXIMUM = defop(
-    "maximum", np.maximum, _binary_meta("maximum"), _maxmin_rule(True), cast_in=True, fast_kinds=_ALL_KINDS
+    "maximum", np.maximum, _binary_meta("maximum"), _maxmin_rule(True), cast_in=True, fast_kinds=_ALL_KINDS,
+    doc="Elementwise maximum (ties split the gradient).",
 )
 OP_MINIMUM = defop(
-    "minimum", np.minimum, _binary_meta("minimum"), _maxmin_rule(False), cast_in=True, fast_kinds=_ALL_KINDS
+    "minimum", np.minimum, _binary_meta("minimum"), _maxmin_rule(False), cast_in=True, fast_kinds=_ALL_KINDS,
+    doc="Elementwise minimum (ties split the gradient).",
 )
 
 
@@ -250,34 +259,31 @@ def _tensor_rmul(s: Tensor, o: Any) -> Tensor:
     return out if out._data is not None else _scaled(out, s, o)
 
 
-def div(a: Any, b: Any) -> Tensor:
-    """Elementwise true division with broadcasting."""
-    return apply2(OP_DIV, a, b)
+def _unary(op: Op) -> Callable[[Tensor], Tensor]:
+    """The public function of a one-input op (named and documented by its `defop`): ``f(x)`` records it."""
+
+    def f(x: Tensor) -> Tensor:
+        return apply1(op, x)
+
+    f.__name__ = f.__qualname__ = op.name
+    f.__doc__ = op.doc
+    return f
 
 
-def pow(a: Any, b: Any) -> Tensor:
-    """Elementwise ``a ** b``."""
-    return apply2(OP_POW, a, b)
+def _binary(op: Op) -> Callable[[Any, Any], Tensor]:
+    """The public function of a two-input op with broadcasting: ``f(a, b)`` records it on both."""
+
+    def f(a: Any, b: Any) -> Tensor:
+        return apply2(op, a, b)
+
+    f.__name__ = f.__qualname__ = op.name
+    f.__doc__ = op.doc
+    return f
 
 
-def remainder(a: Any, b: Any) -> Tensor:
-    """Elementwise ``a % b`` with the sign of ``b`` (Python's and PyTorch's modulo)."""
-    return apply2(OP_REMAINDER, a, b)
-
-
-def floor_divide(a: Any, b: Any) -> Tensor:
-    """Elementwise ``a // b``, rounded toward minus infinity (not differentiable)."""
-    return apply2(OP_FLOOR_DIVIDE, a, b)
-
-
-def maximum(a: Any, b: Any) -> Tensor:
-    """Elementwise maximum (ties split the gradient)."""
-    return apply2(OP_MAXIMUM, a, b)
-
-
-def minimum(a: Any, b: Any) -> Tensor:
-    """Elementwise minimum (ties split the gradient)."""
-    return apply2(OP_MINIMUM, a, b)
+div, pow, remainder, floor_divide, maximum, minimum = map(
+    _binary, (OP_DIV, OP_POW, OP_REMAINDER, OP_FLOOR_DIVIDE, OP_MAXIMUM, OP_MINIMUM)
+)
 
 
 # ---- unary ----------------------------------------------------------------------------------------
@@ -362,71 +368,47 @@ def _relu_meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
 # exp, log, tanh, sigmoid, sqrt compute bool and integer inputs in the default float dtype (cast first);
 # neg, abs, sign, relu keep their input's dtype (numpy agrees for every dtype kind)
 _F = _FLOAT_KINDS
-OP_NEG = defop("neg", np.negative, _unary_meta(np.negative), _neg_rule, fast_kinds=_ALL_KINDS, saves=())
+OP_NEG = defop(
+    "neg", np.negative, _unary_meta(np.negative), _neg_rule, fast_kinds=_ALL_KINDS, saves=(),
+    doc="Elementwise negation.",
+)
 # exp, tanh, sigmoid and sqrt rules read only the output (saves=(): no input version to record or check,
 # as PyTorch saves only their result)
 OP_EXP = defop(
-    "exp", np.exp, _float_unary_meta, _exp_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=()
+    "exp", np.exp, _float_unary_meta, _exp_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=(),
+    doc="Elementwise exponential.",
 )
-OP_LOG = defop("log", np.log, _float_unary_meta, _log_rule, cast_in=True, fast_kinds=_F)
+OP_LOG = defop(
+    "log", np.log, _float_unary_meta, _log_rule, cast_in=True, fast_kinds=_F,
+    doc="Elementwise natural logarithm.",
+)
 OP_TANH = defop(
-    "tanh", np.tanh, _float_unary_meta, _tanh_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=()
+    "tanh", np.tanh, _float_unary_meta, _tanh_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=(),
+    doc="Elementwise hyperbolic tangent.",
 )
 OP_SIGMOID = defop(
     "sigmoid", _sigmoid_kernel, _float_unary_meta, _sigmoid_rule, save_out=True, cast_in=True, fast_kinds=_F,
     saves=(),
+    doc="Elementwise logistic sigmoid (overflow-safe).",
 )
-OP_RELU = defop("relu", _relu_kernel, _relu_meta, _relu_rule, fast_kinds=_ALL_KINDS)
+OP_RELU = defop("relu", _relu_kernel, _relu_meta, _relu_rule, fast_kinds=_ALL_KINDS, doc="Elementwise max(x, 0).")
 OP_SQRT = defop(
-    "sqrt", np.sqrt, _float_unary_meta, _sqrt_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=()
+    "sqrt", np.sqrt, _float_unary_meta, _sqrt_rule, save_out=True, cast_in=True, fast_kinds=_F, saves=(),
+    doc="Elementwise square root.",
 )
-OP_ABS = defop("abs", np.abs, _unary_meta(np.abs), _abs_rule, fast_kinds=_ALL_KINDS)
-OP_SIGN = defop("sign", _sign_kernel, _same_dtype_meta, fast_kinds=_ALL_KINDS)
+OP_ABS = defop(
+    "abs", np.abs, _unary_meta(np.abs), _abs_rule, fast_kinds=_ALL_KINDS,
+    doc="Elementwise absolute value (gradient sign(x), 0 at 0).",
+)
+OP_SIGN = defop(
+    "sign", _sign_kernel, _same_dtype_meta, fast_kinds=_ALL_KINDS,
+    doc="Elementwise sign (not differentiable: no gradient flows).",
+)
 
 
-def neg(x: Tensor) -> Tensor:
-    """Elementwise negation."""
-    return apply1(OP_NEG, x)
-
-
-def exp(x: Tensor) -> Tensor:
-    """Elementwise exponential."""
-    return apply1(OP_EXP, x)
-
-
-def log(x: Tensor) -> Tensor:
-    """Elementwise natural logarithm."""
-    return apply1(OP_LOG, x)
-
-
-def tanh(x: Tensor) -> Tensor:
-    """Elementwise hyperbolic tangent."""
-    return apply1(OP_TANH, x)
-
-
-def sigmoid(x: Tensor) -> Tensor:
-    """Elementwise logistic sigmoid (overflow-safe)."""
-    return apply1(OP_SIGMOID, x)
-
-
-def relu(x: Tensor) -> Tensor:
-    """Elementwise max(x, 0)."""
-    return apply1(OP_RELU, x)
-
-
-def sqrt(x: Tensor) -> Tensor:
-    """Elementwise square root."""
-    return apply1(OP_SQRT, x)
-
-
-def abs(x: Tensor) -> Tensor:
-    """Elementwise absolute value (gradient sign(x), 0 at 0)."""
-    return apply1(OP_ABS, x)
-
-
-def sign(x: Tensor) -> Tensor:
-    """Elementwise sign (not differentiable: no gradient flows)."""
-    return apply1(OP_SIGN, x)
+neg, exp, log, tanh, sigmoid, relu, sqrt, abs, sign = map(
+    _unary, (OP_NEG, OP_EXP, OP_LOG, OP_TANH, OP_SIGMOID, OP_RELU, OP_SQRT, OP_ABS, OP_SIGN)
+)
 
 
 # ---- where, copies, casts -------------------------------------------------------------------------
@@ -467,13 +449,8 @@ def where(condition: Any, x: Any, y: Any) -> Tensor:
 
 
 def _cmp(name: str, ufunc: Any) -> Any:
-    op = defop(name, ufunc, _binary_meta(name, "bool"), fast_kinds=_ALL_KINDS)
-
-    def f(a: Any, b: Any) -> Tensor:
-        return apply2(op, a, b)
-
-    f.__name__ = name
-    return f
+    doc = f"Elementwise ``a {name} b`` as a bool tensor (not differentiable)."
+    return _binary(defop(name, ufunc, _binary_meta(name, "bool"), fast_kinds=_ALL_KINDS, doc=doc))
 
 
 lt = _cmp("lt", np.less)

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime._dispatch import apply, apply1
+from ..runtime._dispatch import apply
 from ..runtime._meta import broadcast_shapes
 from ..runtime._op import OpError, defop
 from ..runtime._promote import result_type
 from ..runtime._tensor import Tensor
 from ..runtime._xp import register_xp
-from ._elementwise import _dt, _float_unary_meta, _sh, _ufunc_dtype, _unary_meta
+from ._elementwise import _dt, _float_unary_meta, _sh, _ufunc_dtype, _unary, _unary_meta
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
@@ -37,18 +37,11 @@ def _cos_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
     return (-g * xp.sin(args[0]),)
 
 
-OP_SIN = defop("sin", np.sin, _float_unary_meta, _sin_rule, cast_in=True, fast_kinds="fc")
-OP_COS = defop("cos", np.cos, _float_unary_meta, _cos_rule, cast_in=True, fast_kinds="fc")
+OP_SIN = defop("sin", np.sin, _float_unary_meta, _sin_rule, cast_in=True, fast_kinds="fc", doc="Elementwise sine.")
+OP_COS = defop("cos", np.cos, _float_unary_meta, _cos_rule, cast_in=True, fast_kinds="fc", doc="Elementwise cosine.")
 
 
-def sin(x: Tensor) -> Tensor:
-    """Elementwise sine."""
-    return apply1(OP_SIN, x)
-
-
-def cos(x: Tensor) -> Tensor:
-    """Elementwise cosine."""
-    return apply1(OP_COS, x)
+sin, cos = map(_unary, (OP_SIN, OP_COS))
 
 
 # ---- rounding (zero gradient; integers pass through) -------------------------------------------------
@@ -146,46 +139,32 @@ def _reciprocal_kernel(a: np.ndarray) -> np.ndarray:
         return np.reciprocal(a)
 
 
-OP_LOG1P = defop("log1p", np.log1p, _float_meta, _log1p_rule, cast_in=True, fast_kinds="fc")
+OP_LOG1P = defop(
+    "log1p", np.log1p, _float_meta, _log1p_rule, cast_in=True, fast_kinds="fc",
+    doc="Elementwise ``log(1 + x)``, accurate for small ``x``.",
+)
 OP_EXPM1 = defop(
-    "expm1", np.expm1, _float_meta, _expm1_rule, save_out=True, cast_in=True, fast_kinds="fc"
+    "expm1", np.expm1, _float_meta, _expm1_rule, save_out=True, cast_in=True, fast_kinds="fc",
+    doc="Elementwise ``exp(x) - 1``, accurate for small ``x``.",
 )
-OP_ERF = defop("erf", _erf_kernel, _float_meta, _erf_rule, cast_in=True)
-OP_RSQRT = defop("rsqrt", _rsqrt_kernel, _float_meta, _rsqrt_rule, save_out=True, cast_in=True)
+OP_ERF = defop("erf", _erf_kernel, _float_meta, _erf_rule, cast_in=True, doc="Elementwise error function.")
+OP_RSQRT = defop(
+    "rsqrt", _rsqrt_kernel, _float_meta, _rsqrt_rule, save_out=True, cast_in=True,
+    doc="Elementwise ``1 / sqrt(x)``.",
+)
 OP_RECIPROCAL = defop(
-    "reciprocal", _reciprocal_kernel, _float_meta, _reciprocal_rule, save_out=True, cast_in=True
+    "reciprocal", _reciprocal_kernel, _float_meta, _reciprocal_rule, save_out=True, cast_in=True,
+    doc="Elementwise ``1 / x`` (integers give floats, as PyTorch).",
 )
-OP_SQUARE = defop("square", np.square, _unary_meta(np.square), _square_rule)
+OP_SQUARE = defop(
+    "square", np.square, _unary_meta(np.square), _square_rule,
+    doc="Elementwise ``x * x`` (integers stay integers).",
+)
 
 
-def log1p(x: Tensor) -> Tensor:
-    """Elementwise ``log(1 + x)``, accurate for small ``x``."""
-    return apply1(OP_LOG1P, x)
-
-
-def expm1(x: Tensor) -> Tensor:
-    """Elementwise ``exp(x) - 1``, accurate for small ``x``."""
-    return apply1(OP_EXPM1, x)
-
-
-def erf(x: Tensor) -> Tensor:
-    """Elementwise error function."""
-    return apply1(OP_ERF, x)
-
-
-def rsqrt(x: Tensor) -> Tensor:
-    """Elementwise ``1 / sqrt(x)``."""
-    return apply1(OP_RSQRT, x)
-
-
-def reciprocal(x: Tensor) -> Tensor:
-    """Elementwise ``1 / x`` (integers give floats, as PyTorch)."""
-    return apply1(OP_RECIPROCAL, x)
-
-
-def square(x: Tensor) -> Tensor:
-    """Elementwise ``x * x`` (integers stay integers)."""
-    return apply1(OP_SQUARE, x)
+log1p, expm1, erf, rsqrt, reciprocal, square = map(
+    _unary, (OP_LOG1P, OP_EXPM1, OP_ERF, OP_RSQRT, OP_RECIPROCAL, OP_SQUARE)
+)
 
 
 # ---- lerp ----------------------------------------------------------------------------------------------
@@ -261,24 +240,15 @@ def _pred_meta(a: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
     return tuple(a.shape), np.dtype(np.bool_)
 
 
-OP_ISNAN = defop("isnan", np.isnan, _pred_meta)
-OP_ISINF = defop("isinf", np.isinf, _pred_meta)
-OP_ISFINITE = defop("isfinite", np.isfinite, _pred_meta)
+OP_ISNAN = defop("isnan", np.isnan, _pred_meta, doc="Elementwise: is NaN (a bool tensor).")
+OP_ISINF = defop("isinf", np.isinf, _pred_meta, doc="Elementwise: is +inf or -inf (a bool tensor).")
+OP_ISFINITE = defop(
+    "isfinite", np.isfinite, _pred_meta,
+    doc="Elementwise: is neither NaN nor infinite (a bool tensor).",
+)
 
 
-def isnan(x: Tensor) -> Tensor:
-    """Elementwise: is NaN (a bool tensor)."""
-    return apply1(OP_ISNAN, x)
-
-
-def isinf(x: Tensor) -> Tensor:
-    """Elementwise: is +inf or -inf (a bool tensor)."""
-    return apply1(OP_ISINF, x)
-
-
-def isfinite(x: Tensor) -> Tensor:
-    """Elementwise: is neither NaN nor infinite (a bool tensor)."""
-    return apply1(OP_ISFINITE, x)
+isnan, isinf, isfinite = map(_unary, (OP_ISNAN, OP_ISINF, OP_ISFINITE))
 
 
 # ---- whole-tensor comparisons (Python bools; wait for the values) -----------------------------------

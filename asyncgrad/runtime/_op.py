@@ -56,6 +56,7 @@ class Op:
     saves: tuple[int, ...] | None = None
     # the kernel returns a view of arg 0 (reshape, permute, ...): the output shares its version counter
     view: bool = False
+    doc: str = ""  # what the op computes: the docstring of its public function where one is made from it
     saves_none: bool = attrs.field(init=False)
     saves0: bool = attrs.field(init=False)  # reads arg 0 (the fast initialisers' one tensor)
     # the same as ``fast_kinds`` as dtypes: a set lookup costs half of `dtype.kind in fast_kinds` on the
@@ -92,12 +93,14 @@ def defop(
     fast_kinds: str = "",
     saves: tuple[int, ...] | None = None,
     view: bool = False,
+    doc: str = "",
 ) -> Op:
     """Register an op in the table (one entry per name; rules live next to their forwards)."""
     if name in OPS:
         raise ValueError(f"op {name!r} is already registered")
     op = OPS[name] = Op(
-        name, kernel, meta, rule, save_out=save_out, cast_in=cast_in, fast_kinds=fast_kinds, saves=saves, view=view
+        name, kernel, meta, rule, save_out=save_out, cast_in=cast_in, fast_kinds=fast_kinds, saves=saves, view=view,
+        doc=doc,
     )
     return op
 

@@ -39,6 +39,28 @@ async def test_conv1d_and_transpose1d_gradcheck(rt, rng) -> None:
         assert await ag.autograd.gradcheck(lambda x, w: ops.conv_transpose1d(x, w, stride=2, output_padding=1), [x, wt])
 
 
+async def test_conv1d_forms_keep_the_2d_signature_and_name_themselves_in_errors(rt, rng) -> None:
+    import inspect
+
+    assert inspect.signature(ops.conv1d) == inspect.signature(ops.conv2d)
+    assert inspect.signature(ops.conv_transpose1d) == inspect.signature(ops.conv_transpose2d)
+    assert ops.conv1d.__name__ == "conv1d" and "conv1d" in ops.conv1d.__doc__
+    x = ag.tensor(rng.standard_normal((2, 4, 7)))
+    w = ag.tensor(rng.standard_normal((6, 4, 3)))
+    # keyword and positional geometry give the same result; "same" padding keeps the length
+    want = ops.conv1d(x, w, None, 1, 1).numpy()
+    assert (ops.conv1d(x, w, padding=1).numpy() == want).all()
+    assert (ops.conv1d(x, w, padding="same").numpy() == want).all()
+    with pytest.raises(ag.OpError, match=r"conv1d: expected input \(N, C, L\) or \(C, L\).*\(2, 4, 7, 1\)"):
+        ops.conv1d(x.reshape(2, 4, 7, 1), w)
+    with pytest.raises(ag.OpError, match="conv_transpose1d: padding must be an int or a tuple of 1 ints"):
+        ops.conv_transpose1d(x, ag.tensor(rng.standard_normal((4, 3, 3))), padding="same")
+    with pytest.raises(TypeError, match="conv1d: .*dilatio"):
+        ops.conv1d(x, w, dilatio=2)
+    with pytest.raises(TypeError, match="conv_transpose1d: input and weight must be Tensors"):
+        ops.conv_transpose1d(x.numpy(), w)
+
+
 async def test_group_norm_gradcheck(rt, rng) -> None:
     x = rng.standard_normal((2, 6, 3, 2))
     w = rng.standard_normal(6)
