@@ -82,13 +82,22 @@ _POOL = _threads_now() - {threading.get_native_id()}
 
 
 def own_threads(tids: list[int], add: bool) -> None:
-    """(loop thread) A device's lanes and its loop thread start (``add``) or stop counting as its own."""
+    """(loop thread) A device's lanes and its loop thread start (``add``) or stop counting as its own.
+
+    When the last device stops, the sampling window closes: the next runtime's first lane opens a new one
+    (`set_base`). A window spanning the time no runtime ran would count this process's other work then (a
+    torch step between two runtimes, its OpenMP threads are not the runtime's) as load the next runtime
+    meets; the estimate it keeps is the last one taken while a runtime ran.
+    """
+    global _last
     for t in tids:
         n = _own.get(t, 0) + (1 if add else -1)
         if n > 0:
             _own[t] = n
         else:
             _own.pop(t, None)
+    if not _own:
+        _last = None
 
 
 def _foreign_cpu_s() -> float:
