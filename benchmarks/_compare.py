@@ -6,14 +6,23 @@ chain) in fresh interpreters, alternating between this checkout and ``DIR`` (ano
 fastest of five 60-step blocks in each interpreter. Reports
 the median of the per-round ratios new/old (>1 is faster for W1's steps/s; for W2, old/new so that >1 is
 faster too). The workload code is this checkout's; only the imported asyncgrad differs.
+
+With ``--instructions`` it also counts the instructions each code runs (valgrind's callgrind, which counts
+the same for the same work however loaded the machine is), on one lane and one BLAS thread (a BLAS team spins
+while it waits, and callgrind would count the spinning); each workload at two lengths, so the difference is
+the instructions of the extra W1 steps or W2 chains alone, not of starting Python and importing.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from typing import Any
 
-from _common import HERE, median, run_child, say, table
+from _common import CHILD, HERE, median, run_child, say, table
 
 ROUNDS = 9
 BLOCKS = 5  # W1 blocks of 60 steps per fresh interpreter
@@ -48,13 +57,99 @@ def w2_us() -> float:
     return best / N * 1e6
 
 
+def w1_steps(n: int) -> int:
+    """(callgrind child) W1's step ``n`` times after 3 warm-up steps, one lane and one BLAS thread."""
+    import trio
+    from w1_mlp_step import AgMLP
+
+    import asyncgrad as ag
+
+    async def main() -> None:
+        async with ag.open_runtime(lanes=1, blas_threads=1):
+            m = AgMLP()
+            for _ in range(3):
+                await m.step()
+            for _ in range(n):
+                await m.step(wait=False)
+            await m.sync()
+
+    trio.run(main)
+    return n
+
+
+def w2_chains(n: int) -> int:
+    """(callgrind child) W2's chain, forward and backward, ``n`` times after one warm-up, one lane."""
+    import trio
+    from w2_node_overhead import ag_chain
+
+    import asyncgrad as ag
+
+    async def main() -> None:
+        async with ag.open_runtime(lanes=1, blas_threads=1):
+            for _ in range(n + 1):
+                await ag_chain()
+
+    trio.run(main)
+    return n
+
+
+# workload -> (child function, the two lengths, unit of one extra length, units in one length)
+COUNTED = {"W1": ("w1_steps", (3, 13), "step", 1), "W2": ("w2_chains", (1, 3), "node", 5000)}
+
+
+def _callgrind(root: str, func: str, n: int, out: str) -> subprocess.Popen[str]:
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, CHILD, "_compare", func,
+           f'{{"n": {n}}}']
+    env = dict(os.environ, ASYNCGRAD_BENCH_ROOT=root, OPENBLAS_NUM_THREADS="1")
+    return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _totals(path: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("totals:", "summary:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no instruction total in {path}")
+
+
+def instructions(new: str, other: str, workloads: list[str]) -> dict[str, Any]:
+    """Instructions per W1 step and per W2 node of both checkouts (see the module docstring)."""
+    if shutil.which("valgrind") is None:
+        say("  --instructions: valgrind is not installed here; skipped")
+        return {}
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in workloads:
+            func, lengths, unit, per = COUNTED[w]
+            jobs = [(name, root, n) for name, root in (("new", new), ("old", other)) for n in lengths]
+            say(f"{w}: counting instructions under callgrind ({len(jobs)} runs, a few minutes)...")
+            files, procs = {}, []
+            for name, root, n in jobs:  # all at once: a count does not depend on the load
+                files[name, n] = os.path.join(tmp, f"{w}.{name}.{n}.out")
+                procs.append(_callgrind(root, func, n, files[name, n]))
+            for p in procs:
+                _, err = p.communicate()
+                if p.returncode != 0:
+                    raise RuntimeError(f"{w}: callgrind run failed (rc={p.returncode}): {err.strip()[-300:]}")
+            per_unit = {}
+            for name in ("new", "old"):
+                lo, hi = (_totals(files[name, n]) for n in lengths)
+                per_unit[name] = (hi - lo) / ((lengths[1] - lengths[0]) * per)
+            ratio = per_unit["old"] / per_unit["new"]
+            rows = [[name, f"{v:,.0f}"] for name, v in per_unit.items()]
+            say(table(["code", f"instructions per {unit}"], rows))
+            say(f"  new/old speed by instructions: {ratio:.3f} (> 1: the new code runs fewer)")
+            out[w] = {"per_" + unit: per_unit, "ratio": ratio}
+    return out
+
+
 def asyncgrad_version() -> str:
     import asyncgrad
 
     return os.path.dirname(os.path.dirname(os.path.abspath(asyncgrad.__file__)))
 
 
-def run(other: str, workloads: list[str], quick: bool = False) -> dict[str, Any]:
+def run(other: str, workloads: list[str], quick: bool = False, count: bool = False) -> dict[str, Any]:
     new = os.path.dirname(HERE)
     other = os.path.abspath(other)
     for root in (new, other):
@@ -84,4 +179,6 @@ def run(other: str, workloads: list[str], quick: bool = False) -> dict[str, Any]
         say(f"  new/old speed: median of per-round ratios {median(ratios):.3f} "
             f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)}; > 1 is faster)")
         out[w] = {"new": vals["new"], "old": vals["old"], "ratios": ratios, "median_ratio": median(ratios)}
+    if count:
+        out["instructions"] = instructions(new, other, workloads)
     return out

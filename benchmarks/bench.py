@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="also write every figure to this JSON file")
     ap.add_argument("--compare-with", metavar="DIR", help="W1/W2 only: asyncgrad of this checkout against "
                     "the one in DIR (another checkout), in alternating fresh interpreters")
+    ap.add_argument("--instructions", action="store_true", help="with --compare-with: also count the "
+                    "instructions per W1 step and per W2 node of both (valgrind's callgrind; a few minutes)")
     ap.add_argument("--depth", type=int, default=None, help="W4 depth (default 100000; 10000 with --quick)")
     args = ap.parse_args(argv)
     chosen = [w.upper() for w in args.workloads] or list(WORKLOADS)
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in env_lines():
             say("  " + line)
         picked = [w for w in chosen if w in ("W1", "W2")] or ["W1", "W2"]
-        res = _compare.run(args.compare_with, picked, quick=args.quick)
+        res = _compare.run(args.compare_with, picked, quick=args.quick, count=args.instructions)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1, default=str)
