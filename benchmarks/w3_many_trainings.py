@@ -11,7 +11,8 @@ Contenders:
   (the population caps what runs at once at its limit: P above it only queues); the workers start and
   are warmed before the clock does;
 - asyncgrad population-ray: the same with ``backend="ray"`` (K=2 Ray actors on a local Ray of the
-  machine's cores, started once before the clock; skipped when ray is not installed);
+  machine's cores, started before the clock and up only around this contender's cells of a round, so
+  that its idle processes do not load the others' runs; skipped when ray is not installed);
 - torch multiprocessing: a pool of min(P, cores) spawned processes (1 intra-op thread each, started and
   warmed before the clock), the same 32 trainings;
 - numpy by hand (the floor) on a ThreadPoolExecutor(P): what plain threads over numpy give, with the
@@ -299,6 +300,20 @@ def _start_ray(cores: int) -> bool:
     return True
 
 
+def _ray_cell(P: int, n: int, cores: int, last_P: int, check: bool = False) -> Any:
+    """The population-ray contender at ``P``: a local Ray runs only around its cells (started at the
+    first of a round, shut down after ``last_P``). An idle local Ray keeps ~0.06 of a core busy (GCS,
+    raylet; measured here), which the other contenders' runs at P >= 2 would pay on a 2-core machine."""
+    import ray
+
+    _start_ray(cores)  # outside the timed part of the cell (`run_population` times only the trainings)
+    try:
+        return run_population(P, n, check=check, backend="ray")
+    finally:
+        if P == last_P:
+            ray.shutdown()
+
+
 def _torch_proc_init() -> None:
     import torch
 
@@ -394,9 +409,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         runners["torch multiprocessing (1 thread)"] = run_torch_mp
     else:
         say("  torch: not installed, skipped (pip install torch==2.13.0)")
-    ray_started = have("ray") and _start_ray(cores)  # once, on the main thread (ray.init takes seconds)
     if have("ray"):
-        runners["asyncgrad population-ray (K=2)"] = lambda P, n: run_population(P, n, backend="ray")
+        runners["asyncgrad population-ray (K=2)"] = lambda P, n: _ray_cell(P, n, cores, Ps[-1])
     else:
         say("  population-ray: ray not installed, skipped (pip install 'asyncgrad[ray]')")
     runners["numpy threads (floor)"] = lambda P, n: run_pool(numpy_training, P, n)
@@ -410,7 +424,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         ("asyncgrad population", lambda: run_population(1, 1, check=True)),
     ]
     if have("ray"):
-        check_fns.append(("asyncgrad population-ray", lambda: run_population(1, 1, check=True, backend="ray")))
+        check_fns.append(("asyncgrad population-ray", lambda: _ray_cell(1, 1, cores, 1, check=True)))
     if torch_threads is not None:
         check_fns.append(("torch", lambda: torch_training(0)))
     for name, fn in check_fns:
@@ -440,7 +454,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
     say(f"  timing {len(contenders)} (contender, P) runs per round...")
     res = interleave(contenders, rounds, pause=0.1, log=say, budget_s=12.0)
-    if ray_started:
+    if have("ray"):
         import ray
 
         ray.shutdown()
