@@ -64,7 +64,7 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
         gd is not None
         and (
             gd.size <= INLINE_MAX_ELEMENTS
-            or (gd.size <= g._dev.shared_inline_max and shared_inline_ok(node.op, args, gd.size))
+            or (gd.size <= g._dev.shared_inline_max and shared_inline_ok(node.op, args, gd.size, node.kw))
         )
         and (s is None or s.completed >= g._seq)
     ):

@@ -55,7 +55,7 @@ async def test_conv1d_forms_keep_the_2d_signature_and_name_themselves_in_errors(
         ops.conv1d(x.reshape(2, 4, 7, 1), w)
     with pytest.raises(ag.OpError, match="conv_transpose1d: padding must be an int or a tuple of 1 ints"):
         ops.conv_transpose1d(x, ag.tensor(rng.standard_normal((4, 3, 3))), padding="same")
-    with pytest.raises(TypeError, match="conv1d: .*dilatio"):
+    with pytest.raises(TypeError, match=r"conv1d: .*dilatio"):
         ops.conv1d(x, w, dilatio=2)
     with pytest.raises(TypeError, match="conv_transpose1d: input and weight must be Tensors"):
         ops.conv_transpose1d(x.numpy(), w)

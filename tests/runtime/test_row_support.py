@@ -31,7 +31,13 @@ async def test_embedding_backward_matches_add_at(rt, n: int) -> None:
     with trio.fail_after(30):
         (gw,) = await ag.autograd.grad([ag.embedding(ag.tensor(ids), w)], [w], [ag.tensor(g)])
         await rt.synchronize()
-    np.testing.assert_array_equal(gw.numpy(), _ref_grad(n, ids, g))  # the same sums in the same order
+    if n == ROWS:  # sorted ids: each row's first id written, its repeats added after it, as add.at does
+        np.testing.assert_array_equal(gw.numpy(), _ref_grad(n, ids, g))
+    else:
+        # a small table is one one-hot GEMM (`ops._nn._ONE_HOT_MAX`): its sums are in the BLAS kernel's
+        # order, which on some machines differs from add.at's in the last bits (3.6e-15 here on an AVX-512
+        # EPYC, 0 on others)
+        np.testing.assert_allclose(gw.numpy(), _ref_grad(n, ids, g), rtol=0, atol=1e-13)
     rows = runtime.noted_rows(gw.numpy())
     assert rows is not None and sorted(rows.tolist()) == sorted(set(ids.ravel().tolist()))
 

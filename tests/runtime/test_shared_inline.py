@@ -1,5 +1,5 @@
 """Medium kernels run where their inputs are while several tasks share a CPU device (many small trainings in
-one runtime), and only then; heavy ones are always queued."""
+one runtime), and only then; heavy ones are always queued (over the element or multiply-adds bounds, or by kind)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import trio
 
 import asyncgrad as ag
+import asyncgrad.nn.functional as F
 from asyncgrad.devices import INLINE_MAX_ELEMENTS, SHARED_INLINE_MAX_ELEMENTS, SHARED_INLINE_MAX_MACS
 from asyncgrad.runtime._runtime import current_stream
 
@@ -39,6 +40,14 @@ async def test_medium_kernels_run_inline_only_while_tasks_share_the_device() -> 
             await loss.backward()
             await rt.synchronize()
             lone_grads = [t.grad.numpy().copy() for t in lone]
+            img, wk = rng.standard_normal((1, 1, 48, 48)), rng.standard_normal((2, 1, 3, 3))
+            ci, cw = ag.tensor(img, requires_grad=True), ag.tensor(wk, requires_grad=True)
+            c = F.conv2d(ci, cw)
+            assert c._stream is not None  # one task: queued
+            lone_conv, lone_pool = (await c.ready()).numpy().copy(), F.max_pool2d(c, 2).numpy().copy()
+            await (F.max_pool2d(c, 2) ** 2).sum().backward()
+            await rt.synchronize()
+            lone_conv_grads = [ci.grad.numpy().copy(), cw.grad.numpy().copy()]
 
             started, done = trio.Event(), trio.Event()
 
@@ -62,10 +71,27 @@ async def test_medium_kernels_run_inline_only_while_tasks_share_the_device() -> 
                 assert big._stream is not None  # 256^3 multiply-adds: queued
                 huge = ag.tensor(rng.standard_normal(SHARED_INLINE_MAX_ELEMENTS + 1)) * 2.0
                 assert huge._stream is not None  # over the element bound: queued
-                img = ag.tensor(rng.standard_normal((1, 1, 48, 48)))
-                conv = ag.nn.functional.conv2d(img, ag.tensor(rng.standard_normal((2, 1, 3, 3))))
+                # a convolution and a pool within the multiply-adds bound run here too (their cost is bounded
+                # by multiply-adds and window reads, not by their elements)
+                conv = F.conv2d(ag.tensor(img), ag.tensor(wk))
                 assert INLINE_MAX_ELEMENTS < conv.numel() <= SHARED_INLINE_MAX_ELEMENTS
-                assert conv._stream is not None  # never here: a convolution's cost is not bounded by its sizes
+                assert conv._stream is None
+                np.testing.assert_allclose(conv.numpy(), lone_conv, rtol=1e-12, atol=1e-12)
+                pool = F.max_pool2d(conv, 2)
+                assert pool._stream is None
+                np.testing.assert_array_equal(pool.numpy(), lone_pool)
+                # within the element bound, over the multiply-adds one: 12544 outputs x 576 products, queued
+                xw, ww = rng.standard_normal((1, 64, 16, 16)), rng.standard_normal((64, 64, 3, 3))
+                wide = F.conv2d(ag.tensor(xw), ag.tensor(ww))
+                assert max(wide.numel(), ww.size, xw.size) <= SHARED_INLINE_MAX_ELEMENTS
+                assert wide.numel() * 576 > SHARED_INLINE_MAX_MACS
+                assert wide._stream is not None
+                # the convolution's backward here gives the lone task's gradients
+                ci, cw = ag.tensor(img, requires_grad=True), ag.tensor(wk, requires_grad=True)
+                await (F.max_pool2d(F.conv2d(ci, cw), 2) ** 2).sum().backward()
+                await rt.synchronize()
+                for t, g in zip((ci, cw), lone_conv_grads):
+                    np.testing.assert_allclose(t.grad.numpy(), g, rtol=1e-12, atol=1e-12)
                 # a backward pass here gives the lone task's gradients
                 shared = [ag.tensor(v, requires_grad=True) for v in (a, w, w * 0.5)]
                 loss = _mlp_grads(shared[0], shared[1:])
