@@ -29,8 +29,9 @@ INLINE_MAX_ELEMENTS = 4096
 # thread, too: there every lane hand-off also waits for the GIL held by the other trainings' Python (W3
 # measured ~1 core busy at any P and 0.3 s more CPU at P >= 2 than one after another). A matmul or linear
 # must also stay under the multiply-adds bound (64x256 @ 256x256: ~0.1 ms on one core), as must a
-# convolution or a pooling op (its window reads); the ops in `runtime._dispatch`'s deny list (recurrences,
-# attention, einsum, dropout) never do, so the loop never runs a heavy kernel.
+# convolution or a pooling op (its window reads): each counts its own (`Op.work`); the ops in
+# `runtime._dispatch`'s deny list (recurrences, attention, einsum, dropout) never do, so the loop never runs
+# a heavy kernel.
 SHARED_INLINE_MAX_ELEMENTS = 65536
 SHARED_INLINE_MAX_MACS = 1 << 22
 

@@ -17,6 +17,7 @@ Backward rules are written once against ``xp``; the adjoint kernels are themselv
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -566,9 +567,33 @@ def _cwg_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
     return (d_x, d_gy)
 
 
-OP_CONV2D = defop("conv2d", conv2d_kernel, _conv_meta, _conv_rule)
-OP_CONV2D_INPUT_GRAD = defop("conv2d_input_grad", conv2d_input_grad_kernel, _cig_meta, _cig_rule)
-OP_CONV2D_WEIGHT_GRAD = defop("conv2d_weight_grad", conv2d_weight_grad_kernel, _cwg_meta, _cwg_rule)
+# multiply-adds of a run (`Op.work`): beside other trainings a small convolution runs inline within a bound
+
+
+def _per_tap(w: Tensor) -> int:
+    return math.prod(w._shape) // max(1, w._shape[0])  # C/groups x kh x kw
+
+
+def _conv_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
+    return n * _per_tap(args[1])  # conv2d (x, w, b): each output element sums C/groups x kh x kw products
+
+
+def _cig_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
+    return math.prod(args[0]._shape) * _per_tap(args[1])  # (g, w): each element of g spreads over a window
+
+
+def _cwg_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
+    g = args[1]  # (x, g): each of the n weight elements sums over N x Ho x Wo products
+    return n * (math.prod(g._shape) // max(1, g._shape[1]))
+
+
+OP_CONV2D = defop("conv2d", conv2d_kernel, _conv_meta, _conv_rule, work=_conv_work)
+OP_CONV2D_INPUT_GRAD = defop(
+    "conv2d_input_grad", conv2d_input_grad_kernel, _cig_meta, _cig_rule, work=_cig_work
+)
+OP_CONV2D_WEIGHT_GRAD = defop(
+    "conv2d_weight_grad", conv2d_weight_grad_kernel, _cwg_meta, _cwg_rule, work=_cwg_work
+)
 
 
 # the functions the rule namespaces (`_xp.NP` / `_xp.AG`) expose
@@ -922,13 +947,24 @@ def _max_pool_indices_kernel(x: np.ndarray, geom: Geom) -> np.ndarray:
     return (rows * x.shape[3] + cols).astype(np.int64)
 
 
-OP_MAX_POOL2D = defop("max_pool2d", _max_pool_kernel, _max_pool_meta, _max_pool_rule)
-OP_MAX_POOL2D_SCATTER = defop("max_pool2d_scatter", _pool_scatter_kernel, _scatter_meta, _scatter_rule)
-OP_MAX_POOL2D_GATHER = defop("max_pool2d_gather", _pool_gather_kernel, _gather_meta, _gather_rule)
+def _window_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
+    """A pooling op's reads (`Op.work`): each element of the larger of its output and input reads a window."""
+    kh, kw_ = kw["geom"]["kernel"]
+    return max([n, *(math.prod(a._shape) for a in args if isinstance(a, Tensor))]) * kh * kw_
+
+
+OP_MAX_POOL2D = defop("max_pool2d", _max_pool_kernel, _max_pool_meta, _max_pool_rule, work=_window_work)
+OP_MAX_POOL2D_SCATTER = defop(
+    "max_pool2d_scatter", _pool_scatter_kernel, _scatter_meta, _scatter_rule, work=_window_work
+)
+OP_MAX_POOL2D_GATHER = defop(
+    "max_pool2d_gather", _pool_gather_kernel, _gather_meta, _gather_rule, work=_window_work
+)
 OP_MAX_POOL2D_INDICES = defop(
     "max_pool2d_indices",
     _max_pool_indices_kernel,
     lambda x, geom: (_max_pool_meta(x, geom)[0], np.dtype(np.int64)),
+    work=_window_work,
 )
 
 
@@ -1026,9 +1062,9 @@ def _avg_back_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) ->
     return (xp.avg_pool2d(g, kw["geom"], kw["div"]),)
 
 
-OP_AVG_POOL2D = defop("avg_pool2d", _avg_pool_kernel, _avg_pool_meta, _avg_pool_rule)
+OP_AVG_POOL2D = defop("avg_pool2d", _avg_pool_kernel, _avg_pool_meta, _avg_pool_rule, work=_window_work)
 OP_AVG_POOL2D_BACKWARD = defop(
-    "avg_pool2d_backward", _avg_pool_backward_kernel, _avg_back_meta, _avg_back_rule
+    "avg_pool2d_backward", _avg_pool_backward_kernel, _avg_back_meta, _avg_back_rule, work=_window_work
 )
 
 

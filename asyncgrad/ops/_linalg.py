@@ -145,7 +145,13 @@ def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-OP_MATMUL = defop("matmul", matmul_kernel, _matmul_meta, _matmul_rule)
+def contraction_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
+    """A product's multiply-adds: output elements x the contracted length (`Op.work`)."""
+    a = args[0]
+    return n * (a._shape[-1] if a._shape else 1)
+
+
+OP_MATMUL = defop("matmul", matmul_kernel, _matmul_meta, _matmul_rule, work=contraction_work)
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -411,7 +417,7 @@ def _linear_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> t
 
 
 
-OP_LINEAR = defop("linear", _linear_kernel, _linear_meta, _linear_rule)
+OP_LINEAR = defop("linear", _linear_kernel, _linear_meta, _linear_rule, work=contraction_work)
 
 
 

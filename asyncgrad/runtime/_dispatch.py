@@ -88,59 +88,11 @@ _SHARED_INLINE_NEVER = frozenset(
 )  # fmt: skip
 
 
-def _per_out(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
-    """A contraction's multiply-adds: output elements x the contracted length (matmul, linear)."""
-    a = args[0]
-    return n * (a._shape[-1] if a._shape else 1)
-
-
-def _conv_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
-    """conv2d (x, w, b): each output element sums C/groups x kh x kw products."""
-    w = args[1]
-    return n * (math.prod(w._shape) // max(1, w._shape[0]))
-
-
-def _conv_input_grad_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
-    """conv2d_input_grad (g, w): each element of g spreads over C/groups x kh x kw inputs."""
-    g, w = args[0], args[1]
-    return int(math.prod(g._shape) * (math.prod(w._shape) // max(1, w._shape[0])))
-
-
-def _conv_weight_grad_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
-    """conv2d_weight_grad (x, g): each of the n weight elements sums over N x Ho x Wo products."""
-    g = args[1]
-    return n * (math.prod(g._shape) // max(1, g._shape[1]))
-
-
-def _window_work(args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> int:
-    """A pooling op: each element of the larger of its output and input reads a window."""
-    kh, kw_ = kw["geom"]["kernel"]
-    big = max([n, *(math.prod(a._shape) for a in args if isinstance(a, Tensor))])
-    return int(big * kh * kw_)
-
-
-# ops whose cost is bounded by their multiply-adds (or window reads), not by their elements: beside other
-# trainings they run on the calling thread only within `SHARED_INLINE_MAX_MACS` (a small convolution of
-# many small CNN trainings costs less there than its hand-off to a lane that waits for the GIL)
-_SHARED_INLINE_WORK = {
-    "matmul": _per_out,
-    "linear": _per_out,
-    "conv2d": _conv_work,
-    "conv2d_input_grad": _conv_input_grad_work,
-    "conv2d_weight_grad": _conv_weight_grad_work,
-    "max_pool2d": _window_work,
-    "max_pool2d_indices": _window_work,
-    "max_pool2d_gather": _window_work,
-    "max_pool2d_scatter": _window_work,
-    "avg_pool2d": _window_work,
-    "avg_pool2d_backward": _window_work,
-}
-
-
 def shared_inline_ok(op: Op, args: tuple[Any, ...], n: int, kw: dict[str, Any]) -> bool:
     """Whether ``op`` on ready ``args`` (an output of ``n`` elements, at most the device's shared bound)
     may run inline while several tasks share the device: every tensor input within the bound too, and an
-    op in the work table within `SHARED_INLINE_MAX_MACS` (see `devices.SHARED_INLINE_MAX_ELEMENTS`)."""
+    op with a ``work`` count (`Op.work`) within `SHARED_INLINE_MAX_MACS` (see
+    `devices.SHARED_INLINE_MAX_ELEMENTS`)."""
     name = op.name
     if name in _SHARED_INLINE_NEVER:
         return False
@@ -153,7 +105,7 @@ def shared_inline_ok(op: Op, args: tuple[Any, ...], n: int, kw: dict[str, Any]) 
             limit = a._dev.shared_inline_max
             if d.size > limit:
                 return False
-    work = _SHARED_INLINE_WORK.get(name)
+    work = op.work
     if work is not None:
         return isinstance(args[0], Tensor) and work(args, n, kw) <= SHARED_INLINE_MAX_MACS
     return limit > 0

@@ -57,6 +57,10 @@ class Op:
     # the kernel returns a view of arg 0 (reshape, permute, ...): the output shares its version counter
     view: bool = False
     doc: str = ""  # what the op computes: the docstring of its public function where one is made from it
+    # ``work(args, n, kw)``: the multiply-adds (or window reads) of a run with an output of ``n`` elements,
+    # for ops whose cost is not bounded by their elements (products, convolutions, pools); beside other
+    # trainings such an op runs inline only within `devices.SHARED_INLINE_MAX_MACS` (see `_dispatch`)
+    work: Callable[[tuple[Any, ...], int, dict[str, Any]], int] | None = None
     saves_none: bool = attrs.field(init=False)
     saves0: bool = attrs.field(init=False)  # reads arg 0 (the fast initialisers' one tensor)
     # the same as ``fast_kinds`` as dtypes: a set lookup costs half of `dtype.kind in fast_kinds` on the
@@ -94,13 +98,14 @@ def defop(
     saves: tuple[int, ...] | None = None,
     view: bool = False,
     doc: str = "",
+    work: Callable[[tuple[Any, ...], int, dict[str, Any]], int] | None = None,
 ) -> Op:
     """Register an op in the table (one entry per name; rules live next to their forwards)."""
     if name in OPS:
         raise ValueError(f"op {name!r} is already registered")
     op = OPS[name] = Op(
         name, kernel, meta, rule, save_out=save_out, cast_in=cast_in, fast_kinds=fast_kinds, saves=saves, view=view,
-        doc=doc,
+        doc=doc, work=work,
     )
     return op
 
