@@ -1,6 +1,6 @@
 """W9's per-kernel profile: where a training step of each W9 model spends its kernel time, op by op.
 
-    python benchmarks/w9_profile.py [gpt cnn lstm] [--steps N] [--cprofile]
+    python benchmarks/w9_profile.py [gpt cnn lstm] [--steps N] [--threads T] [--cprofile]
 
 Wraps every registered op's forward kernel and backward rule with a timer, trains ``--steps`` steps in a
 runtime with one lane and one BLAS thread (so kernels run one at a time and their times add up to the
@@ -50,7 +50,7 @@ def _instrument() -> dict[str, list[float]]:
     return spent
 
 
-def profile(model: str, steps: int, use_cprofile: bool) -> None:
+def profile(model: str, steps: int, use_cprofile: bool, threads: int = 1) -> None:
     import trio
     import w9_real_models as w9
 
@@ -62,7 +62,7 @@ def profile(model: str, steps: int, use_cprofile: bool) -> None:
     prof = cProfile.Profile() if use_cprofile else None
 
     async def main() -> float:
-        async with ag.open_runtime(lanes=1, blas_threads=1):
+        async with ag.open_runtime(lanes=1, blas_threads=threads):
             s = w9.AgStep(model, weights)
             for _ in range(2):
                 await s.step()
@@ -90,7 +90,7 @@ def profile(model: str, steps: int, use_cprofile: bool) -> None:
         tot_med += med
         rows.append([k, str(len(ds) // steps), f"{med * 1e3:.3f}", f"{sum(ds) * 1e3 / steps:.3f}"])
     say(f"{model}: {wall * 1e3 / steps:.2f} ms/step wall; kernels+rules {tot_med * 1e3:.2f} ms/step by median "
-        f"call, {tot_sum * 1e3:.2f} summed (lanes=1, 1 BLAS thread, {steps} steps)")
+        f"call, {tot_sum * 1e3:.2f} summed (lanes=1, {threads} BLAS thread(s), {steps} steps)")
     say(table(["op", "calls/step", "ms/step (median call x calls)", "ms/step (sum)"], rows))
     if prof:
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
@@ -101,9 +101,10 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=["gpt", "cnn", "lstm"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--cprofile", action="store_true")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads of the one lane (default 1)")
     args = ap.parse_args()
     for m in args.models:
-        profile(m, args.steps, args.cprofile)
+        profile(m, args.steps, args.cprofile, args.threads)
 
 
 if __name__ == "__main__":

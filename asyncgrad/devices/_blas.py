@@ -100,6 +100,67 @@ def own_threads(tids: list[int], add: bool) -> None:
         _last = None
 
 
+# OpenBLAS's pool threads spin for 2**28 TSC cycles (about 0.1 s) after each multi-threaded call before
+# they sleep. A lone training alternates products on every lane's BLAS threads with kernels split across
+# the lanes (`ops._slices`), and a pool thread spinning meanwhile holds the core a sibling lane's slice
+# needs: W9's MNIST CNN in a default runtime took 92 ms per step and 179 ms of CPU, one lane alone 98 ms;
+# with pool threads that sleep after 2**18 cycles (~0.1 ms, longer than the gaps between a step's
+# products), 59 ms and 102 ms. OpenBLAS reads the spin once, from OPENBLAS_THREAD_TIMEOUT, when it starts
+# its pool, so the first device to start restarts the pool with the shorter spin (before any lane
+# exists). A user's own OPENBLAS_THREAD_TIMEOUT is kept.
+POOL_SPIN_EXPONENT = 18
+_spin_lock = threading.Lock()
+_spin_checked = False
+
+
+def shorten_pool_spin() -> bool:
+    """(loop thread, before a device starts its lanes) Restart a pthreads OpenBLAS pool so that its
+    threads spin `POOL_SPIN_EXPONENT` (log2 cycles) before they sleep; once per process.
+
+    Returns True when this call restarted the pool. Nothing happens with another BLAS, when the user set
+    OPENBLAS_THREAD_TIMEOUT, or after the first call. The restart joins the pool's threads: no BLAS call
+    may run meanwhile in another thread, which holds before a process's first runtime starts its lanes.
+    """
+    global _spin_checked, _POOL
+    with _spin_lock:
+        if _spin_checked:
+            return False
+        _spin_checked = True
+        if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+            return False
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            libs = [
+                lib
+                for lib in ThreadpoolController().lib_controllers
+                if lib.info().get("internal_api") == "openblas" and lib.info().get("threading_layer") == "pthreads"
+            ]
+        except Exception:  # no threadpoolctl: the pool keeps its spin
+            return False
+        restarted = False
+        for lib in libs:
+            dl = lib.dynlib
+            names = ("openblas_thread_timeout", "openblas_read_env", "blas_thread_shutdown_", "blas_thread_init")
+            if not all(hasattr(dl, n) for n in names) or dl.openblas_thread_timeout() > 0:
+                continue
+            # openblas_read_env re-reads every OPENBLAS_* setting; only the timeout differs from the ones read
+            # at load (the others matter only then), and the process's environment is left as it was
+            os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(POOL_SPIN_EXPONENT)
+            try:
+                dl.openblas_read_env()
+            finally:
+                del os.environ["OPENBLAS_THREAD_TIMEOUT"]
+            before = _threads_now()
+            dl.blas_thread_shutdown_()
+            gone = before - _threads_now()
+            dl.blas_thread_init()
+            started = _threads_now() - (before - gone)
+            _POOL = (_POOL - gone) | started  # the new pool threads are this runtime's, as the old ones were
+            restarted = True
+        return restarted
+
+
 def _foreign_cpu_s() -> float:
     """CPU seconds this process's other threads (not lanes, loops or the BLAS pool) used since the last
     call (Linux schedstat; 0 elsewhere). A thread seen for the first time counts from then on."""

@@ -249,6 +249,7 @@ class CPUDevice(Device):
         return s
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        _blas.shorten_pool_spin()  # before any lane runs a kernel (see `_blas.POOL_SPIN_EXPONENT`)
         self._lanes = [
             Lane(str(self), i, self._blas_threads, self.host_cache, self._lane_nice)
             for i in range(self._lane_count)

@@ -1,0 +1,94 @@
+"""The first runtime of a process restarts a pthreads OpenBLAS pool with a short spin: its threads sleep
+soon after a multi-threaded product instead of holding a core for ~0.1 s (which a sibling lane's share of
+a sliced kernel needed). Each case runs in a fresh interpreter: the restart happens once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r"""
+import json, os, threading, time
+import numpy as np
+import trio
+import asyncgrad as ag
+from asyncgrad.devices import _blas
+from threadpoolctl import ThreadpoolController
+
+libs = [l for l in ThreadpoolController().lib_controllers
+        if l.info().get("internal_api") == "openblas" and l.info().get("threading_layer") == "pthreads"]
+if not libs or not hasattr(libs[0].dynlib, "blas_thread_shutdown_"):
+    print(json.dumps({"skip": "no pthreads OpenBLAS with a restartable pool"}))
+    raise SystemExit(0)
+lib = libs[0]
+lib.set_num_threads(2)
+a = np.ones((384, 384), np.float32)
+old_pool = {int(t) for t in os.listdir("/proc/self/task")} - {t.native_id for t in threading.enumerate()}
+
+
+def idle_cpu_after_product():
+    a @ a  # wakes the pool
+    c = time.process_time()
+    time.sleep(0.1)  # nothing runs: CPU used now is the pool spinning
+    return time.process_time() - c
+
+
+async def main():
+    async with ag.open_runtime(lanes=1, blas_threads=1):
+        x = ag.tensor(a)
+        await (x * 2).ready()
+    lib.set_num_threads(2)
+    out = {
+        "timeout": lib.dynlib.openblas_thread_timeout(),
+        "env_kept": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
+        "idle_cpu": min(idle_cpu_after_product() for _ in range(3)),
+        "product_ok": bool(np.array_equal(a @ a, np.full((384, 384), 384, np.float32))),
+    }
+    python_threads = {t.native_id for t in threading.enumerate()}
+    native = {int(t) for t in os.listdir("/proc/self/task")} - python_threads
+    out["pool_counted_ours"] = native <= _blas._POOL
+    out["old_pool_dropped"] = not (old_pool & _blas._POOL)
+    out["second_call_restarts"] = _blas.shorten_pool_spin()
+    print(json.dumps(out))
+
+
+trio.run(main)
+"""
+
+
+def _run(env_extra: dict[str, str]) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env.update(env_extra)
+    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(str(out["skip"]))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are counted in /proc/self/task")
+def test_the_first_runtime_restarts_the_pool_with_a_short_spin() -> None:
+    out = _run({})
+    assert out["timeout"] == 18
+    assert out["env_kept"] is None  # the process's environment is as it was
+    assert out["product_ok"]
+    # a pool spinning the default 2**28 cycles burns the whole 0.1 s idle window on a core
+    assert out["idle_cpu"] < 0.03, out
+    assert out["pool_counted_ours"], "the restarted pool's threads must not count as load beside the runtime"
+    assert out["old_pool_dropped"]
+    assert out["second_call_restarts"] is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are counted in /proc/self/task")
+def test_a_users_openblas_thread_timeout_is_kept() -> None:
+    out = _run({"OPENBLAS_THREAD_TIMEOUT": "28"})
+    assert out["timeout"] == 28
+    assert out["env_kept"] == "28"
+    assert out["product_ok"]
+    assert out["pool_counted_ours"]
+    assert not out["old_pool_dropped"]  # the pool was not restarted
