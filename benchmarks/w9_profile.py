@@ -22,7 +22,7 @@ import time
 import warnings
 from typing import Any
 
-from _common import say, table
+from _common import say, steady_malloc, table
 
 
 def _instrument() -> dict[str, list[float]]:
@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads of the one lane (default 1)")
     args = ap.parse_args()
+    say(steady_malloc())  # as the W9 runner does: no fresh pages per big temporary
     for m in args.models:
         profile(m, args.steps, args.cprofile, args.threads)
 

@@ -346,11 +346,18 @@ def boosted(threads: int) -> None:
 
 
 def unboost() -> None:
-    """Back to the count the lanes run at (the base, as no lone stream has all threads when boosting)."""
+    """Back to the count the lanes run at now: the base, or a lone stream's full count (`solo`).
+
+    A lone stream's kernel that shares slices with an idle lane runs them on one BLAS thread each
+    (`ops._slices`), and the rest of its lane job (the next backward rules run in the same job) must get
+    its full count back here: left at the base until the next job, W9's LSTM ran its decoder's backward
+    products, which follow the sliced cross-entropy in one job, on one thread.
+    """
     global _applied
     if _setter and _base is not None:
-        _setter(_base)
-        _applied = _base
+        t = _target if _target is not None else _base  # the target is the base unless a lone stream runs
+        _setter(t)
+        _applied = t
 
 
 # ---- y += alpha * x in one pass (BLAS axpy) ----------------------------------------------------------

@@ -21,6 +21,14 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the loa
 BUSY = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end:\n    pass\n"
 
 
+async def _lanes_started() -> None:
+    """Wait until a lane has set the base BLAS count (lanes start in their own threads; a small kernel
+    may have run inline on the loop before any of them got that far)."""
+    with trio.fail_after(10):
+        while _blas._base is None:
+            await trio.sleep(0.01)
+
+
 async def _sample_for(seconds: float) -> None:
     """Sample the machine's load on the loop thread, as a lane does between kernels."""
     end = time.monotonic() + seconds
@@ -41,7 +49,8 @@ async def test_busy_processes_leave_a_lone_training_one_blas_thread_and_it_gets_
     try:
         with trio.fail_after(30):
             async with ag.open_runtime(lanes=cores) as rt:
-                await (ag.ones(8, 8) @ ag.ones(8, 8)).ready()  # the lanes have started (and set the base)
+                await (ag.ones(8, 8) @ ag.ones(8, 8)).ready()
+                await _lanes_started()
                 if not _blas.boost_available():
                     pytest.skip("not a pthreads OpenBLAS: no thread count to switch")
                 procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(cores)]
@@ -203,3 +212,37 @@ async def test_work_between_two_runtimes_is_not_load_the_next_one_meets() -> Non
         busy.set()
         stop.set()
         worker.join(10)
+
+
+async def test_a_lone_trainings_count_is_back_after_a_kernel_shared_slices() -> None:
+    """`ops._slices` runs shared slices on one BLAS thread each; the rest of the lane job (the next
+    backward rules) must run at the lone training's full count again, not at the base until the next job."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        pytest.skip("needs 2+ cores")
+    from asyncgrad.runtime._runtime import current_stream
+
+    with trio.fail_after(30):
+        async with ag.open_runtime(lanes=cores) as rt:
+            await _lanes_started()
+            if not _blas.boost_available():
+                pytest.skip("not a pthreads OpenBLAS: no thread count to switch")
+            current_stream(rt.cpu)
+            _blas.pin_spare_cores(cores)  # the cores are ours whatever else runs on this machine
+            try:
+                _blas._retarget()
+                assert _blas.solo()
+                from threadpoolctl import threadpool_info
+
+                def count() -> int:
+                    return next(i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas")
+
+                _blas.sync()
+                assert count() == _blas._target > _blas._base
+                _blas.boosted(1)
+                assert count() == 1
+                _blas.unboost()
+                assert count() == _blas._target  # the full count, not the base
+                assert _blas._applied == _blas._target
+            finally:
+                _blas.pin_spare_cores(None)

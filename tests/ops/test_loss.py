@@ -75,6 +75,36 @@ async def test_cross_entropy_fast_path_matches_the_general_one(dtype: str, rng: 
         np.testing.assert_allclose(res[0][1], res[1][1], rtol=tol, atol=tol)
 
 
+async def test_a_big_batch_cross_entropy_runs_in_row_slices_with_the_same_values_on_one_or_two_lanes(
+    rng: np.random.Generator,
+) -> None:
+    """Over `SPLIT_MIN_ELEMENTS` logits the fast path runs its rows as slices (an idle lane helps): the
+    loss and gradient are the same bits whoever ran them, and match float64 within float32 rounding."""
+    from asyncgrad.ops._slices import SPLIT_MIN_ELEMENTS
+
+    n, c = 260, 4100  # c > 4096: row sums take numpy's path; >= SPLIT_MIN_ELEMENTS logits in all
+    assert n * c >= SPLIT_MIN_ELEMENTS
+    x = (3 * rng.standard_normal((n, c))).astype(np.float32)
+    t = rng.integers(0, c, n)
+    got = []
+    for lanes in (1, 2):
+        async with ag.open_runtime(lanes=lanes, blas_threads=1):
+            xt = ag.tensor(x, requires_grad=True)
+            loss = ag.cross_entropy(xt, ag.tensor(t))
+            await loss.backward()
+            await ag.current_runtime().synchronize()
+            got.append((loss.numpy().copy(), xt.grad.numpy().copy()))
+    assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1])
+    x64 = x.astype(np.float64)
+    z = x64 - x64.max(1, keepdims=True)
+    lse = np.log(np.exp(z).sum(1))
+    ref = (lse - z[np.arange(n), t]).mean()
+    p = np.exp(z - lse[:, None])
+    p[np.arange(n), t] -= 1
+    np.testing.assert_allclose(got[0][0], ref, rtol=1e-5)
+    np.testing.assert_allclose(got[0][1], p / n, rtol=1e-4, atol=1e-9)
+
+
 async def test_cross_entropy_probabilities_and_errors(rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     async with ag.open_runtime():
