@@ -204,8 +204,9 @@ def _ce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
         if p is not None:  # the forward took the fast path: valid targets, mean, no weights or smoothing
             r = g / x.shape[0]
             gx = np.empty(p.shape, np.result_type(p, r))
-            sliced_rows = slices(p.shape[0], 1, p.size >= SPLIT_MIN_ELEMENTS)
-            run_slices(lambda lo, hi: np.multiply(p[lo:hi], r, out=gx[lo:hi]), sliced_rows)
+            sm = p  # bound for the slices (mypy does not carry the narrowing into a lambda)
+            sliced_rows = slices(sm.shape[0], 1, sm.size >= SPLIT_MIN_ELEMENTS)
+            run_slices(lambda lo, hi: np.multiply(sm[lo:hi], r, out=gx[lo:hi]), sliced_rows)
             gx[np.arange(x.shape[0]), t] -= r
             return (gx, None, None)
     xv = xp.value(x)
