@@ -104,11 +104,13 @@ def own_threads(tids: list[int], add: bool) -> None:
 # they sleep. A lone training alternates products on every lane's BLAS threads with kernels split across
 # the lanes (`ops._slices`), and a pool thread spinning meanwhile holds the core a sibling lane's slice
 # needs: W9's MNIST CNN in a default runtime took 92 ms per step and 179 ms of CPU, one lane alone 98 ms;
-# with pool threads that sleep after 2**18 cycles (~0.1 ms, longer than the gaps between a step's
-# products), 59 ms and 102 ms. OpenBLAS reads the spin once, from OPENBLAS_THREAD_TIMEOUT, when it starts
-# its pool, so the first device to start restarts the pool with the shorter spin (before any lane
-# exists). A user's own OPENBLAS_THREAD_TIMEOUT is kept.
-POOL_SPIN_EXPONENT = 18
+# with a 2**18-cycle spin, 59 ms and 102 ms. A spin that short lets the pool fall asleep between W1's
+# products, and waking it costs more than the spin saves (W1 against the default spin, 9 alternating
+# rounds: 2**18 0.66-0.85x, 2**20 0.78x, 2**22 0.86-0.97x); 2**22 cycles (~1.6 ms at 2.6 GHz) keeps most
+# of the CNN's gain. OpenBLAS reads the spin once, from OPENBLAS_THREAD_TIMEOUT, when it starts its pool,
+# so the first device to start restarts the pool with this spin (before any lane exists). A user's own
+# OPENBLAS_THREAD_TIMEOUT is kept (28 gives OpenBLAS's default back).
+POOL_SPIN_EXPONENT = 22
 _spin_lock = threading.Lock()
 _spin_checked = False
 
