@@ -14,6 +14,9 @@ Example::
 
 from typing import TYPE_CHECKING, Any
 
+from . import _openblas_env  # noqa: F401  (first: OpenBLAS's pool spin while this import loads numpy)
+
+# isort: split
 import numpy as np
 
 from . import _tensor_methods, autograd, cuda, distributed, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)

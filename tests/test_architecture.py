@@ -16,6 +16,7 @@ PKG = pathlib.Path(__file__).resolve().parent.parent / "asyncgrad"
 
 # the layers, bottom up: a module may import its own layer and the ones below, never one above
 LAYERS = [
+    ("_openblas_env",),  # imports numpy only, first of all (see its docstring)
     ("actors",),
     ("devices",),
     ("runtime",),
@@ -29,7 +30,7 @@ LAYERS = [
 SIBLINGS = {("nn", "distributed"), ("distributed", "optim"), ("utils", "nn"), ("distributed", "utils")}
 # core layers (runtime, ops, autograd) build on each other's private modules; the layers above them use only
 # the names a package's __init__ exports
-CORE = {"actors", "devices", "runtime", "ops", "autograd", "_tensor_methods"}
+CORE = {"_openblas_env", "actors", "devices", "runtime", "ops", "autograd", "_tensor_methods"}
 # the one place allowed to load asyncgrad modules lazily: the public face (heavy optional subpackages)
 LAZY = {"asyncgrad/__init__.py"}
 # the one allowed cycle: Device and Stream name each other, one side only for type checking

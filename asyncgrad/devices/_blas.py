@@ -108,7 +108,9 @@ def own_threads(tids: list[int], add: bool) -> None:
 # products, and waking it costs more than the spin saves (W1 against the default spin, 9 alternating
 # rounds: 2**18 0.66-0.85x, 2**20 0.78x, 2**22 0.86-0.97x); 2**22 cycles (~1.6 ms at 2.6 GHz) keeps most
 # of the CNN's gain. OpenBLAS reads the spin once, from OPENBLAS_THREAD_TIMEOUT, when it starts its pool,
-# so the first device to start restarts the pool with this spin (before any lane exists). A user's own
+# so `import asyncgrad` sets it while it loads numpy (asyncgrad/__init__.py); with numpy loaded before,
+# the first device to start restarts the pool with this spin (before any lane exists, and only while no
+# other Python thread runs: a restart joins the pool's threads under a product in flight). A user's own
 # OPENBLAS_THREAD_TIMEOUT is kept (28 gives OpenBLAS's default back).
 POOL_SPIN_EXPONENT = 22
 _spin_lock = threading.Lock()
@@ -119,16 +121,17 @@ def shorten_pool_spin() -> bool:
     """(loop thread, before a device starts its lanes) Restart a pthreads OpenBLAS pool so that its
     threads spin `POOL_SPIN_EXPONENT` (log2 cycles) before they sleep; once per process.
 
-    Returns True when this call restarted the pool. Nothing happens with another BLAS, when the user set
-    OPENBLAS_THREAD_TIMEOUT, or after the first call. The restart joins the pool's threads: no BLAS call
-    may run meanwhile in another thread, which holds before a process's first runtime starts its lanes.
+    Returns True when this call restarted the pool. Nothing happens with another BLAS, when the pool has a
+    spin set already (the user's OPENBLAS_THREAD_TIMEOUT, or asyncgrad's when its import loaded numpy), or
+    after the first call. The restart joins the pool's threads, so it is skipped while another Python
+    thread runs (it might be inside a product); a process's first runtime has no lanes yet.
     """
     global _spin_checked, _POOL
     with _spin_lock:
         if _spin_checked:
             return False
         _spin_checked = True
-        if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        if "OPENBLAS_THREAD_TIMEOUT" in os.environ or threading.active_count() > 1:
             return False
         try:
             from threadpoolctl import ThreadpoolController

@@ -12,10 +12,12 @@ import sys
 import pytest
 
 SCRIPT = r"""
-import json, os, threading, time
-import numpy as np
+import json, os, sys, threading, time
+if sys.argv[1] == "numpy-first":
+    import numpy as np
 import trio
 import asyncgrad as ag
+import numpy as np
 from asyncgrad.devices import _blas
 from threadpoolctl import ThreadpoolController
 
@@ -25,6 +27,7 @@ if not libs or not hasattr(libs[0].dynlib, "blas_thread_shutdown_"):
     print(json.dumps({"skip": "no pthreads OpenBLAS with a restartable pool"}))
     raise SystemExit(0)
 lib = libs[0]
+out = {"timeout_at_import": lib.dynlib.openblas_thread_timeout()}
 lib.set_num_threads(2)
 a = np.ones((384, 384), np.float32)
 old_pool = {int(t) for t in os.listdir("/proc/self/task")} - {t.native_id for t in threading.enumerate()}
@@ -38,17 +41,24 @@ def idle_cpu_after_product():
 
 
 async def main():
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # another Python thread: it might be inside a product
+    if sys.argv[2] == "other-thread":
+        other.start()
     async with ag.open_runtime(lanes=1, blas_threads=1):
         x = ag.tensor(a)
         await (x * 2).ready()
+    stop.set()
+    if other.is_alive():
+        other.join()
     lib.set_num_threads(2)
-    out = {
+    out.update({
         "timeout": lib.dynlib.openblas_thread_timeout(),
         "exponent": _blas.POOL_SPIN_EXPONENT,
         "env_kept": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
         "idle_cpu": min(idle_cpu_after_product() for _ in range(3)),
         "product_ok": bool(np.array_equal(a @ a, np.full((384, 384), 384, np.float32))),
-    }
+    })
     python_threads = {t.native_id for t in threading.enumerate()}
     native = {int(t) for t in os.listdir("/proc/self/task")} - python_threads
     out["pool_counted_ours"] = native <= _blas._POOL
@@ -61,10 +71,12 @@ trio.run(main)
 """
 
 
-def _run(env_extra: dict[str, str]) -> dict[str, object]:
+def _run(env_extra: dict[str, str], order: str = "numpy-first", thread: str = "alone") -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     env.update(env_extra)
-    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", SCRIPT, order, thread], env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     if "skip" in out:
@@ -74,7 +86,8 @@ def _run(env_extra: dict[str, str]) -> dict[str, object]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are counted in /proc/self/task")
 def test_the_first_runtime_restarts_the_pool_with_a_short_spin() -> None:
-    out = _run({})
+    out = _run({})  # numpy loaded before asyncgrad: the pool started with OpenBLAS's own spin
+    assert out["timeout_at_import"] == 0
     assert out["timeout"] == out["exponent"]
     assert out["env_kept"] is None  # the process's environment is as it was
     assert out["product_ok"]
@@ -93,3 +106,28 @@ def test_a_users_openblas_thread_timeout_is_kept() -> None:
     assert out["product_ok"]
     assert out["pool_counted_ours"]
     assert not out["old_pool_dropped"]  # the pool was not restarted
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are counted in /proc/self/task")
+def test_an_import_that_loads_numpy_sets_the_spin_without_a_restart() -> None:
+    out = _run({}, order="asyncgrad-first")
+    assert out["timeout_at_import"] == out["timeout"] == out["exponent"]
+    assert out["env_kept"] is None  # set for OpenBLAS's load only
+    assert out["idle_cpu"] < 0.03, out
+    assert not out["old_pool_dropped"]  # the pool numpy started is the one in use
+    assert out["pool_counted_ours"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are counted in /proc/self/task")
+def test_no_restart_while_another_python_thread_runs() -> None:
+    out = _run({}, thread="other-thread")
+    assert out["timeout"] == 0  # OpenBLAS's own spin: the other thread might have been inside a product
+    assert out["product_ok"]
+    assert not out["old_pool_dropped"]
+
+
+def test_the_import_sets_the_same_spin_as_the_restart() -> None:
+    import asyncgrad
+    from asyncgrad.devices import _blas
+
+    assert asyncgrad._openblas_env.SPIN_EXPONENT == _blas.POOL_SPIN_EXPONENT
