@@ -8,14 +8,14 @@ runtime restarts the pool instead (`devices._blas.shorten_pool_spin`). A user's 
 import os
 import sys
 
-SPIN_EXPONENT = 22  # log2 TSC cycles; a test checks it equals devices._blas.POOL_SPIN_EXPONENT
-_VAR = "OPENBLAS_THREAD_TIMEOUT"
+SPIN_EXPONENT = 22  # log2 TSC cycles (why: devices._blas)
+SPIN_VAR = "OPENBLAS_THREAD_TIMEOUT"
 
-_set_here = _VAR not in os.environ and "numpy" not in sys.modules
+_set_here = SPIN_VAR not in os.environ and "numpy" not in sys.modules
 if _set_here:
-    os.environ[_VAR] = str(SPIN_EXPONENT)
+    os.environ[SPIN_VAR] = str(SPIN_EXPONENT)
 try:
     import numpy  # noqa: F401  (loads OpenBLAS, which reads the variable as it starts its pool)
 finally:
     if _set_here:
-        del os.environ[_VAR]
+        del os.environ[SPIN_VAR]

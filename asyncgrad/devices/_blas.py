@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy  # noqa: F401  (loads OpenBLAS, which starts its pool threads: see `_POOL`)
 
+from .._openblas_env import SPIN_EXPONENT, SPIN_VAR
+
 _NAMES = tuple(
     f"{prefix}openblas_set_num_threads{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")
 )
@@ -100,6 +102,21 @@ def own_threads(tids: list[int], add: bool) -> None:
         _last = None
 
 
+def _pthreads_openblas() -> list[Any]:
+    """threadpoolctl's controllers of the pthreads OpenBLAS libraries loaded in this process (none without
+    threadpoolctl)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        return [
+            lib
+            for lib in ThreadpoolController().lib_controllers
+            if (info := lib.info()).get("internal_api") == "openblas" and info.get("threading_layer") == "pthreads"
+        ]
+    except Exception:  # no threadpoolctl, or an unusual build
+        return []
+
+
 # OpenBLAS's pool threads spin for 2**28 TSC cycles (about 0.1 s) after each multi-threaded call before
 # they sleep. A lone training alternates products on every lane's BLAS threads with kernels split across
 # the lanes (`ops._slices`), and a pool thread spinning meanwhile holds the core a sibling lane's slice
@@ -108,11 +125,11 @@ def own_threads(tids: list[int], add: bool) -> None:
 # products, and waking it costs more than the spin saves (W1 against the default spin, 9 alternating
 # rounds: 2**18 0.66-0.85x, 2**20 0.78x, 2**22 0.86-0.97x); 2**22 cycles (~1.6 ms at 2.6 GHz) keeps most
 # of the CNN's gain. OpenBLAS reads the spin once, from OPENBLAS_THREAD_TIMEOUT, when it starts its pool,
-# so `import asyncgrad` sets it while it loads numpy (asyncgrad/__init__.py); with numpy loaded before,
+# so `import asyncgrad` sets it while it loads numpy (`asyncgrad._openblas_env`); with numpy loaded before,
 # the first device to start restarts the pool with this spin (before any lane exists, and only while no
 # other Python thread runs: a restart joins the pool's threads under a product in flight). A user's own
 # OPENBLAS_THREAD_TIMEOUT is kept (28 gives OpenBLAS's default back).
-POOL_SPIN_EXPONENT = 22
+POOL_SPIN_EXPONENT = SPIN_EXPONENT  # set in `asyncgrad._openblas_env`, which numpy loads under
 _spin_lock = threading.Lock()
 _spin_checked = False
 
@@ -131,31 +148,21 @@ def shorten_pool_spin() -> bool:
         if _spin_checked:
             return False
         _spin_checked = True
-        if "OPENBLAS_THREAD_TIMEOUT" in os.environ or threading.active_count() > 1:
-            return False
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            libs = [
-                lib
-                for lib in ThreadpoolController().lib_controllers
-                if lib.info().get("internal_api") == "openblas" and lib.info().get("threading_layer") == "pthreads"
-            ]
-        except Exception:  # no threadpoolctl: the pool keeps its spin
+        if SPIN_VAR in os.environ or threading.active_count() > 1:
             return False
         restarted = False
-        for lib in libs:
+        for lib in _pthreads_openblas():
             dl = lib.dynlib
             names = ("openblas_thread_timeout", "openblas_read_env", "blas_thread_shutdown_", "blas_thread_init")
             if not all(hasattr(dl, n) for n in names) or dl.openblas_thread_timeout() > 0:
                 continue
             # openblas_read_env re-reads every OPENBLAS_* setting; only the timeout differs from the ones read
             # at load (the others matter only then), and the process's environment is left as it was
-            os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(POOL_SPIN_EXPONENT)
+            os.environ[SPIN_VAR] = str(POOL_SPIN_EXPONENT)
             try:
                 dl.openblas_read_env()
             finally:
-                del os.environ["OPENBLAS_THREAD_TIMEOUT"]
+                del os.environ[SPIN_VAR]
             before = _threads_now()
             dl.blas_thread_shutdown_()
             gone = before - _threads_now()
@@ -256,23 +263,14 @@ def spare_cores() -> int:
 
 
 def _find_setter() -> Any:
-    try:
-        import numpy  # noqa: F401  (BLAS is found only once numpy loaded it)
-        from threadpoolctl import ThreadpoolController
-
-        for lib in ThreadpoolController().lib_controllers:
-            info = lib.info()
-            if info.get("internal_api") != "openblas" or info.get("threading_layer") != "pthreads":
-                continue
-            for name in _NAMES:
-                fn = getattr(lib.dynlib, name, None)
-                if fn is not None:
-                    # a store of one int: called without letting go of the GIL (a ctypes call through a
-                    # CDLL lets go of it, and a lane getting it back beside a busy loop waits, see `axpy`)
-                    return _holding(fn, None, [ctypes.c_int])
-    except Exception:  # no threadpoolctl, no BLAS found, or an unusual build: no boosting
-        pass
-    return False
+    for lib in _pthreads_openblas():
+        for name in _NAMES:
+            fn = getattr(lib.dynlib, name, None)
+            if fn is not None:
+                # a store of one int: called without letting go of the GIL (a ctypes call through a CDLL
+                # lets go of it, and a lane getting it back beside a busy loop waits, see `axpy`)
+                return _holding(fn, None, [ctypes.c_int])
+    return False  # no threadpoolctl, no pthreads OpenBLAS found, or an unusual build: no boosting
 
 
 def boost_available() -> bool:

@@ -26,7 +26,7 @@ from ._convert import astype
 from ._nn import log_softmax
 from ._rows import row_max, row_sum
 from ._shape import reshape
-from ._slices import SPLIT_MIN_ELEMENTS, run_slices, slices
+from ._slices import SPLIT_MIN_ELEMENTS, run_slices, sliced_flat, slices
 
 # ---- losses ----------------------------------------------------------------------------------------------
 
@@ -204,9 +204,8 @@ def _ce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
         if p is not None:  # the forward took the fast path: valid targets, mean, no weights or smoothing
             r = g / x.shape[0]
             gx = np.empty(p.shape, np.result_type(p, r))
-            sm = p  # bound for the slices (mypy does not carry the narrowing into a lambda)
-            sliced_rows = slices(sm.shape[0], 1, sm.size >= SPLIT_MIN_ELEMENTS)
-            run_slices(lambda lo, hi: np.multiply(sm[lo:hi], r, out=gx[lo:hi]), sliced_rows)
+            pf, gf = p.reshape(-1), gx.reshape(-1)
+            sliced_flat(lambda lo, hi: np.multiply(pf[lo:hi], r, out=gf[lo:hi]), p.size)
             gx[np.arange(x.shape[0]), t] -= r
             return (gx, None, None)
     xv = xp.value(x)

@@ -124,10 +124,3 @@ def test_no_restart_while_another_python_thread_runs() -> None:
     assert out["timeout"] == 0  # OpenBLAS's own spin: the other thread might have been inside a product
     assert out["product_ok"]
     assert not out["old_pool_dropped"]
-
-
-def test_the_import_sets_the_same_spin_as_the_restart() -> None:
-    import asyncgrad
-    from asyncgrad.devices import _blas
-
-    assert asyncgrad._openblas_env.SPIN_EXPONENT == _blas.POOL_SPIN_EXPONENT
