@@ -93,8 +93,45 @@ def w2_chains(n: int) -> int:
     return n
 
 
-# workload -> (child function, the two lengths, unit of one extra length, units in one length)
-COUNTED = {"W1": ("w1_steps", (3, 13), "step", 1), "W2": ("w2_chains", (1, 3), "node", 5000)}
+def w2_replays(n: int) -> int:
+    """(callgrind child) W2's chain as one `ag.compile` step, replayed ``n`` times after the eager call and
+    the recording, one lane."""
+    import numpy as np
+    import trio
+    from w2_node_overhead import X0, N
+
+    import asyncgrad as ag
+
+    async def main() -> None:
+        async with ag.open_runtime(lanes=1, blas_threads=1):
+            x = ag.tensor(X0, requires_grad=True)
+
+            async def chain() -> None:
+                x.grad = None
+                y = x
+                for _ in range(N // 3):
+                    y = ag.tanh(y * 1.0001 + 0.001)
+                await y.sum().backward()
+
+            step = ag.compile(chain)
+            for _ in range(n + 2):
+                await step()
+                await x.grad.ready()
+            if step.statistics().replays != n:
+                raise RuntimeError(f"expected {n} replays: {step.statistics()}")
+            np.asarray(x.grad.numpy())
+
+    trio.run(main)
+    return n
+
+
+# workload -> (child function, the two lengths, unit of one extra length, units in one length); W2 counts
+# its eager chain and its captured replay ("W2 captured")
+COUNTED = {
+    "W1": ("w1_steps", (3, 13), "step", 1),
+    "W2": ("w2_chains", (1, 3), "node", 5000),
+    "W2 captured": ("w2_replays", (1, 5), "node", 5000),
+}
 
 
 def _callgrind(root: str, func: str, n: int, out: str) -> subprocess.Popen[str]:
@@ -119,7 +156,7 @@ def instructions(new: str, other: str, workloads: list[str]) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for w in workloads:
+        for w in [c for w in workloads for c in COUNTED if c.split()[0] == w]:
             func, lengths, unit, per = COUNTED[w]
             jobs = [(name, root, n) for name, root in (("new", new), ("old", other)) for n in lengths]
             say(f"{w}: counting instructions under callgrind ({len(jobs)} runs, a few minutes)...")
