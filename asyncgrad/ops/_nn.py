@@ -230,13 +230,35 @@ def _ln_kernel(x: np.ndarray, w: Any, b: Any, axes: tuple[int, ...], eps: float)
     if x.dtype not in _LN_BLAS:
         return _ln_kernel_general(x, w, b, axes, eps)
     rows, mean_w = _ln_rows(x, axes)
-    xc, rstd = _ln_stats(rows, mean_w, eps)
-    xc *= rstd
+    # the output is a view into a buffer that also holds each row's mean and 1/std, which the rule reads
+    # instead of computing them again (`_ln_saved`; as PyTorch saves mean and rstd): the same values, by
+    # the same calls as `_ln_stats`
+    r, size = rows.shape[0], rows.size
+    buf = np.empty(size + 2 * r, x.dtype)
+    y = buf[:size].reshape(rows.shape)
+    mean, rstd = buf[size : size + r], buf[size + r :]
+    np.matmul(rows, mean_w, out=mean)
+    np.subtract(rows, mean[:, None], out=y)
+    np.matmul(np.square(y), mean_w, out=rstd)
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    y *= rstd[:, None]
     if w is not None:
-        xc *= w.reshape(-1)
+        y *= w.reshape(-1)
     if b is not None:
-        xc += b.reshape(-1)
-    return xc.reshape(x.shape)
+        y += b.reshape(-1)
+    return y.reshape(x.shape)
+
+
+def _ln_saved(out: Any, x: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The (rows,) mean and 1/std `_ln_kernel` left beside its output ``out``, or None (another path made
+    ``out``, or its array was replaced). In-place writes to the output leave them as they were."""
+    b = out.base if isinstance(out, np.ndarray) else None
+    n = x.size
+    if b is None or b.ndim != 1 or b.size != n + 2 * r or b.dtype != x.dtype:
+        return None
+    return b[n : n + r], b[n + r :]
 
 
 def _ln_kernel_general(x: np.ndarray, w: Any, b: Any, axes: tuple[int, ...], eps: float) -> np.ndarray:
@@ -257,7 +279,7 @@ def _ln_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
     x, w, _ = args
     axes, eps = kw["axes"], kw["eps"]
     if xp is NP:
-        return _ln_grads_np(g, x, w, axes, eps, needs)
+        return _ln_grads_np(g, x, w, axes, eps, needs, out)
     n = math.prod(x.shape[axes[0] :])
     xc = x - xp.sum(x, axes, True) / n
     rstd = 1 / xp.sqrt(xp.sum(xc * xc, axes, True) / n + eps)
@@ -274,7 +296,7 @@ def _ln_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
 
 
 def _ln_grads_np(
-    g: np.ndarray, x: np.ndarray, w: Any, axes: tuple[int, ...], eps: float, needs: Any
+    g: np.ndarray, x: np.ndarray, w: Any, axes: tuple[int, ...], eps: float, needs: Any, out: Any = None
 ) -> tuple[Any, ...]:
     """`_ln_rule` on arrays: x's statistics recomputed once, temporaries reused in place, the input's dtype kept
     (float32 stays float32), and the weight and bias gradients summed over the leading dims here. Row means
@@ -282,7 +304,12 @@ def _ln_grads_np(
     if x.dtype not in _LN_BLAS or np.result_type(g, x) not in _LN_BLAS:
         return _ln_grads_general(g, x, w, axes, eps, needs)
     rows, mean_w = _ln_rows(x, axes)
-    xhat, rstd = _ln_stats(rows, mean_w, eps)
+    saved = None if out is None else _ln_saved(out, x, rows.shape[0])
+    if saved is not None:
+        mean, rstd = saved[0][:, None], saved[1][:, None]
+        xhat = rows - mean
+    else:
+        xhat, rstd = _ln_stats(rows, mean_w, eps)
     xhat *= rstd
     gr = g.reshape(rows.shape)
     lead = axes[0] > 0
@@ -333,7 +360,8 @@ def _ln_grads_general(
     return (gx, gw, gb)
 
 
-OP_LAYER_NORM = defop("layer_norm", _ln_kernel, _ln_meta, _ln_rule)
+# the rule reads the statistics beside the output, not the output's values (`Op.save_out_side`)
+OP_LAYER_NORM = defop("layer_norm", _ln_kernel, _ln_meta, _ln_rule, save_out=True, save_out_side=True)
 
 
 def layer_norm(

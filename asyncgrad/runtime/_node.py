@@ -253,10 +253,12 @@ def check_saved_versions(node: OpNode) -> None:
     """Raise if a tensor ``node``'s backward reads was changed in place since the forward recorded it."""
     args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # never called on a released node
     op = node.op
-    if op.saves_none and node.out is None:
+    out = node.out
+    if op.save_out_side:
+        out = None
+    if op.saves_none and out is None:
         return
     now = 0 if op.saves_none else saved_versions(op.saves, args)
-    out = node.out
     n = len(args)
     if out is not None and out._vc is not None:
         now += out._vc[0] << (n << 5)  # the output was saved at version 0, when it was made

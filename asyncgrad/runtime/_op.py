@@ -43,6 +43,10 @@ class Op:
     meta: Callable[..., tuple[tuple[int, ...], np.dtype[Any]]]
     rule: Rule | None = None
     save_out: bool = False
+    # with save_out: the rule reads only what the kernel left beside its output (in the output array's base,
+    # e.g. layer norm's statistics) and works without it, so an in-place write to the output does not
+    # invalidate the backward (its version is not checked), as for PyTorch's ops that save no output
+    save_out_side: bool = False
     # the kernel computes in the result dtype: array operands of another dtype are cast first
     # (int / 2 divides in float32 like PyTorch, instead of in float64 and casting the result)
     cast_in: bool = False
@@ -93,6 +97,7 @@ def defop(
     rule: Rule | None = None,
     *,
     save_out: bool = False,
+    save_out_side: bool = False,
     cast_in: bool = False,
     fast_kinds: str = "",
     saves: tuple[int, ...] | None = None,
@@ -104,8 +109,8 @@ def defop(
     if name in OPS:
         raise ValueError(f"op {name!r} is already registered")
     op = OPS[name] = Op(
-        name, kernel, meta, rule, save_out=save_out, cast_in=cast_in, fast_kinds=fast_kinds, saves=saves, view=view,
-        doc=doc, work=work,
+        name, kernel, meta, rule, save_out=save_out, save_out_side=save_out_side, cast_in=cast_in,
+        fast_kinds=fast_kinds, saves=saves, view=view, doc=doc, work=work,
     )
     return op
 

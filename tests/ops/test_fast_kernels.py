@@ -393,6 +393,58 @@ async def test_layer_norm_backward_fd_and_torch(rt: Any, rng: np.random.Generato
         await vs_torch(lambda x: ag.layer_norm(x, (5,)), lambda x: F.layer_norm(x, (5,)), x)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+async def test_layer_norm_backward_from_saved_statistics_is_bitwise_the_recomputed_one(
+    dtype: Any, rt: Any, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncgrad.ops import _nn
+
+    async def grads() -> list[np.ndarray]:
+        x = ag.tensor(rng_x, requires_grad=True)
+        w, b = ag.tensor(rng_w, requires_grad=True), ag.tensor(rng_b, requires_grad=True)
+        y = ag.layer_norm(x, (32,), w, b)
+        gs = await ag.grad((y * ag.tensor(wy)).sum(), [x, w, b])
+        return [y.numpy().copy(), *(g.numpy() for g in gs)]
+
+    with trio.fail_after(T):
+        rng_x = rng.standard_normal((16, 16, 32)).astype(dtype)
+        rng_w, rng_b = rng.standard_normal(32).astype(dtype), rng.standard_normal(32).astype(dtype)
+        wy = rng.standard_normal((16, 16, 32)).astype(dtype)
+        seen: list[Any] = []
+        real = _nn._ln_saved
+        monkeypatch.setattr(_nn, "_ln_saved", lambda *a: seen.append(r := real(*a)) or r)
+        saved = await grads()
+        assert seen and all(r is not None for r in seen)  # the rule took the statistics from the forward
+        monkeypatch.setattr(_nn, "_ln_saved", lambda *a: None)
+        recomputed = await grads()
+        for a, b in zip(saved, recomputed):
+            assert a.dtype == dtype
+            np.testing.assert_array_equal(a, b)
+
+
+async def test_layer_norm_output_written_in_place_still_has_its_gradient_as_in_torch(
+    rt: Any, rng: np.random.Generator
+) -> None:
+    # PyTorch's layer norm saves its statistics, not its output: a later in-place write to the output is
+    # allowed, and the gradient is the one of the values before it
+    with trio.fail_after(T):
+        x0, w0, wy = rng.standard_normal((6, 8)), rng.standard_normal(8), rng.standard_normal((6, 8))
+        x, w = ag.tensor(x0, requires_grad=True), ag.tensor(w0, requires_grad=True)
+        y = ag.layer_norm(x, (8,), w)
+        z = y + 0.0
+        with ag.no_grad():
+            y.mul_(3.0)
+        gx, gw = await ag.grad((z * ag.tensor(wy)).sum() + y.sum(), [x, w])
+        tx, tw = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+        ty = F.layer_norm(tx, (8,), tw)
+        tz = ty + 0.0
+        with torch.no_grad():
+            ty.mul_(3.0)
+        tgx, tgw = torch.autograd.grad((tz * torch.tensor(wy)).sum() + ty.sum(), [tx, tw])
+        np.testing.assert_allclose(gx.numpy(), tgx.numpy(), atol=1e-10, rtol=1e-9)
+        np.testing.assert_allclose(gw.numpy(), tgw.numpy(), atol=1e-10, rtol=1e-9)
+
+
 @pytest.mark.parametrize("case", ["causal", "float_mask", "bool_mask"])
 async def test_sdpa_in_place_softmax_vs_torch(case: str, rt: Any, rng: np.random.Generator) -> None:
     with trio.fail_after(T):
