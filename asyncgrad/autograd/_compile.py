@@ -652,6 +652,15 @@ class _Program:
         self.n = len(rec.kinds)
         self.n_seeds = len(rec.seed_index)
         self.instrs = rec.instrs
+        # the instructions as runs between the host segments: a replay extends its list by whole runs
+        self.runs: list[Any] = []  # a list of closures, or an int: the index of a host segment
+        for ins in rec.instrs:
+            if type(ins) is int:
+                self.runs.append(ins)
+            elif self.runs and type(self.runs[-1]) is list:
+                self.runs[-1].append(ins)
+            else:
+                self.runs.append([ins])
         self.n_instrs = rec.n_kernels
         self.segments = rec.segments
         self.slot_of = rec.slot_of
@@ -771,7 +780,7 @@ class _Program:
         for i, t in fresh.items():
             slot_of[id(t)] = i
         flat: list[Any] = []
-        for ins in self.instrs:
+        for ins in self.runs:
             if type(ins) is int:
                 seg = self.segments[ins]
                 # an optimizer whose step has no Python state of its own to advance (`_capture_replay_key`)
@@ -793,7 +802,7 @@ class _Program:
                 if key is not None:
                     self.regen_cache[ins] = (key, regen.instrs)
             else:
-                flat.append(ins)
+                flat.extend(ins)
         for leaf, _, _, fin in self.leaves:
             leaf._grad = _resolve(fin, fresh)
         ext = self.ext
