@@ -13,7 +13,7 @@ from typing import Any
 from ..devices import INLINE_MAX_ELEMENTS, Stream
 from ..runtime import _capture
 from ..runtime._dispatch import shared_inline_ok, wait_for
-from ..runtime._node import OpNode, check_saved_versions
+from ..runtime._node import _NEEDS1, _NEEDS_TS, OpNode, check_saved_versions
 from ..runtime._op import camel
 from ..runtime._tensor import Tensor
 from ..runtime._xp import AG, NP, sum_to
@@ -40,6 +40,8 @@ def note_failure(exc: BaseException, where: str) -> None:
         pass
 
 
+_NOT_READY = object()
+
 _wrap = Tensor._wrap  # bound once (a classmethod looked up per node makes a bound-method object)
 
 # set while a plain (non-async) Function backward runs, to catch it starting a nested pass
@@ -59,6 +61,38 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
     args: tuple[Any, ...] = node.args  # type: ignore[assignment]  # the engine never applies a released node
     gd = g._data
     s = g._stream
+    needs = node.needs
+    if (
+        (needs is _NEEDS1 or needs is _NEEDS_TS)  # the fast initialisers' nodes: one tensor (and a number)
+        and gd is not None
+        and gd.size <= INLINE_MAX_ELEMENTS
+        and (s is None or s.completed >= g._seq)
+    ):
+        # `_run_plain`'s usual case (W2's every node), written out: one array in, one gradient out
+        a = args[0]
+        if isinstance(a, Tensor):
+            ad = a._data
+            s = a._stream
+            if s is not None and s.completed < a._seq:
+                ad = None
+        else:  # a released node's shape stand-in (`OpNode.release`)
+            ad = a
+        if ad is not None:
+            if out is None:
+                od = None
+            elif out._data is not None and ((s := out._stream) is None or s.completed >= out._seq):
+                od = out._data
+            else:
+                od = _NOT_READY
+            if od is not _NOT_READY:
+                op = node.op
+                arrays = [ad] if needs is _NEEDS1 else [ad, args[1]]
+                gs = op.rule(NP, gd, arrays, od, node.kw, needs)
+                x = gs[0] if len(gs) == len(arrays) else None
+                if x is not None and x.shape == ad.shape and x.dtype == ad.dtype:
+                    return [_wrap(x, g._dev)] if needs is _NEEDS1 else [_wrap(x, g._dev), None]
+                gs = checked_rule_grads(op, NP, gs, needs, arrays)  # (raises, or fixes shape or dtype)
+                return [None if x is None else _wrap(x, g._dev) for x in gs]
     # readiness (`is_ready`) written out on this per-node path: a call per tensor costs ~3% of W2
     if (
         gd is not None
@@ -141,7 +175,12 @@ class _NodeView:
 def run_rule(node: Any, xp: Any, g: Any, arrays: list[Any], out: Any) -> list[Any]:
     """Call the op's rule, then check and fix up what it returned (count, broadcast shape, dtype)."""
     op, needs = node.op, node.needs
-    gs = op.rule(xp, g, arrays, out, node.kw, needs)
+    return checked_rule_grads(op, xp, op.rule(xp, g, arrays, out, node.kw, needs), needs, arrays)
+
+
+def checked_rule_grads(op: Any, xp: Any, gs: Any, needs: Any, arrays: list[Any]) -> list[Any]:
+    """What ``op``'s rule returned, checked (one gradient per input wanted) and fixed up (reduced to each
+    input's broadcast shape, cast to its dtype); None for the inputs not wanted."""
     if len(gs) != len(arrays):
         raise RuntimeError(
             f"backward rule of {op.name} returned {len(gs)} gradients, expected {len(arrays)} (one per input)"
