@@ -87,7 +87,7 @@ def apply_op_kernel(node: OpNode, g: Tensor, task_stream: Stream) -> list[Any]:
             if od is not _NOT_READY:
                 op = node.op
                 arrays = [ad] if needs is _NEEDS1 else [ad, args[1]]
-                gs = op.rule(NP, gd, arrays, od, node.kw, needs)
+                gs = op.rule(NP, gd, arrays, od, node.kw, needs)  # type: ignore[misc]  # a node's op has one
                 x = gs[0] if len(gs) == len(arrays) else None
                 if x is not None and x.shape == ad.shape and x.dtype == ad.dtype:
                     return [_wrap(x, g._dev)] if needs is _NEEDS1 else [_wrap(x, g._dev), None]
