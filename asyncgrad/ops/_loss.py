@@ -248,8 +248,9 @@ def _ce_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
     return (r * (pa - b), None, None)
 
 
-# the output is saved: after the fast path it carries the softmax for the rule
-OP_CROSS_ENTROPY = defop("cross_entropy", _ce_kernel, _ce_meta, _ce_rule, save_out=True)
+# the output is saved: after the fast path it carries the softmax for the rule, which reads that and never
+# the loss itself (`Op.save_out_side`)
+OP_CROSS_ENTROPY = defop("cross_entropy", _ce_kernel, _ce_meta, _ce_rule, save_out=True, save_out_side=True)
 
 
 def _as_batched(x: Tensor, target: Any) -> tuple[Tensor, Any, bool]:

@@ -75,6 +75,26 @@ async def test_cross_entropy_fast_path_matches_the_general_one(dtype: str, rng: 
         np.testing.assert_allclose(res[0][1], res[1][1], rtol=tol, atol=tol)
 
 
+async def test_a_loss_written_in_place_keeps_its_gradient_as_in_torch(rng: np.random.Generator) -> None:
+    """The rule reads the softmax beside the loss, not the loss: scaling the loss in place (outside the graph)
+    before its backward is allowed, as in PyTorch, and the gradient is the cross-entropy's own."""
+    torch = pytest.importorskip("torch")
+    x0, t0 = rng.standard_normal((8, 5)), rng.integers(0, 5, 8)
+    async with ag.open_runtime():
+        x = ag.tensor(x0, requires_grad=True)
+        loss = ag.cross_entropy(x, ag.tensor(t0))
+        with ag.no_grad():
+            loss.mul_(3.0)
+        await loss.backward()
+        tx = torch.tensor(x0, requires_grad=True)
+        tl = torch.nn.functional.cross_entropy(tx, torch.tensor(t0))
+        with torch.no_grad():
+            tl.mul_(3.0)
+        tl.backward()
+        np.testing.assert_allclose(loss.item(), tl.item(), rtol=1e-12)
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
 async def test_a_big_batch_cross_entropy_runs_in_row_slices_with_the_same_values_on_one_or_two_lanes(
     rng: np.random.Generator,
 ) -> None:
