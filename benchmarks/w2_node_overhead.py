@@ -204,8 +204,15 @@ def run(quick: bool = False) -> dict[str, Any]:
         vs_t = f", torch/asyncgrad {t / b:.2f}x" if t else ""
         say(f"  target: asyncgrad <= 5 us/node -> {b:.2f} us/node ({'met' if b <= 5 else 'NOT met'}){vs_t}")
         c = out["contenders"].get("asyncgrad (captured)", {}).get("best")
-        if c and t:
-            say(f"  captured (ag.compile replay): {c:.2f} us/node, {c / t:.2f}x torch's; eager {b / t:.2f}x torch's")
+        if t:
+            # issue 21's bar: eager at most 0.6x torch's us per node, measured in this run; the captured form
+            # reported beside it
+            cap = f"; captured (ag.compile replay) {c:.2f} us/node, {c / t:.2f}x torch's" if c else ""
+            say(f"  target (issue 21): eager <= 0.6x torch's us/node -> {b / t:.2f}x "
+                f"({'met' if b <= 0.6 * t else 'NOT met'}){cap}")
+            out["eager_vs_torch"] = b / t
+            if c:
+                out["captured_vs_torch"] = c / t
     else:
         say("  target: asyncgrad <= 5 us/node -> asyncgrad FAILED (see above)")
     return out
