@@ -116,10 +116,12 @@ def w2_replays(n: int) -> int:
             step = ag.compile(chain)
             for _ in range(n + 2):
                 await step()
-                await x.grad.ready()
+                g = x.grad
+                assert g is not None  # the chain's backward set it
+                await g.ready()
             if step.statistics().replays != n:
                 raise RuntimeError(f"expected {n} replays: {step.statistics()}")
-            np.asarray(x.grad.numpy())
+            np.asarray(g.numpy())
 
     trio.run(main)
     return n
