@@ -121,6 +121,7 @@ def w2_replays(n: int) -> int:
                 await g.ready()
             if step.statistics().replays != n:
                 raise RuntimeError(f"expected {n} replays: {step.statistics()}")
+            assert g is not None
             np.asarray(g.numpy())
 
     trio.run(main)
