@@ -98,22 +98,13 @@ def w2_replays(n: int) -> int:
     the recording, one lane."""
     import numpy as np
     import trio
-    from w2_node_overhead import X0, N
+    from w2_node_overhead import compiled_chain
 
     import asyncgrad as ag
 
     async def main() -> None:
         async with ag.open_runtime(lanes=1, blas_threads=1):
-            x = ag.tensor(X0, requires_grad=True)
-
-            async def chain() -> None:
-                x.grad = None
-                y = x
-                for _ in range(N // 3):
-                    y = ag.tanh(y * 1.0001 + 0.001)
-                await y.sum().backward()
-
-            step = ag.compile(chain)
+            x, step = compiled_chain()
             for _ in range(n + 2):
                 await step()
                 g = x.grad

@@ -102,6 +102,23 @@ def ag_repeat(warm: int = 1) -> tuple[float, np.ndarray]:
     return trio.run(main)  # type: ignore[no-any-return]
 
 
+def compiled_chain() -> tuple[Any, Any]:
+    """(inside a runtime) A leaf ``x`` and W2's chain on it as one `ag.compile` step (it clears ``x.grad``
+    first, so every call computes the same gradient)."""
+    import asyncgrad as ag
+
+    x = ag.tensor(X0, requires_grad=True)
+
+    async def chain() -> None:
+        x.grad = None
+        y = x
+        for _ in range(N // 3):
+            y = ag.tanh(y * 1.0001 + 0.001)
+        await y.sum().backward()
+
+    return x, ag.compile(chain)
+
+
 def ag_captured_repeat(warm: int = 2) -> tuple[float, np.ndarray]:
     """The same chain as ONE step of ``ag.compile``: ``warm`` untimed calls (eager, then the recording), then
     one timed replay (the whole fwd+bwd as one job on the lane); returns (seconds, grad)."""
@@ -111,16 +128,7 @@ def ag_captured_repeat(warm: int = 2) -> tuple[float, np.ndarray]:
 
     async def main() -> tuple[float, np.ndarray]:
         async with ag.open_runtime():
-            x = ag.tensor(X0, requires_grad=True)
-
-            async def chain() -> None:
-                x.grad = None
-                y = x
-                for _ in range(N // 3):
-                    y = ag.tanh(y * 1.0001 + 0.001)
-                await y.sum().backward()
-
-            step = ag.compile(chain)
+            x, step = compiled_chain()
             for _ in range(warm):
                 await step()
                 await x.grad.ready()

@@ -445,10 +445,8 @@ def _rule_instr(
         for k, r in wanted:
             x = gs[k]
             a = arrays[k]
-            if x.shape != a.shape:
-                x = sum_to(NP, x, tuple(a.shape))
-            if x.dtype != a.dtype:
-                x = _NPX.astype(x, a.dtype)
+            if x.shape != a.shape or x.dtype != a.dtype:
+                x = _fit(x, a)
             s[r] = x
             # the rule handed back the incoming grad or one array for two inputs: never steal it
             for y in seen:
@@ -458,6 +456,16 @@ def _rule_instr(
             seen.append(x)
 
     return run
+
+
+def _fit(x: Any, a: Any) -> Any:
+    """A rule's gradient ``x`` reduced to its input ``a``'s (broadcast) shape and cast to its dtype (called
+    only when one differs: the checks stay inline in the instructions)."""
+    if x.shape != a.shape:
+        x = sum_to(NP, x, tuple(a.shape))
+    if x.dtype != a.dtype:
+        x = _NPX.astype(x, a.dtype)
+    return x
 
 
 def _rule1_instr(
@@ -473,10 +481,8 @@ def _rule1_instr(
             gd = s[gi]
             a = s[i0] if i0 >= 0 else c0
             x = rule(NP, gd, [a], None if oi < 0 else s[oi], kw, needs)[k]
-            if x.shape != a.shape:
-                x = sum_to(NP, x, tuple(a.shape))
-            if x.dtype != a.dtype:
-                x = _NPX.astype(x, a.dtype)
+            if x.shape != a.shape or x.dtype != a.dtype:
+                x = _fit(x, a)
             s[r] = x
             if x is gd or x is a:  # the rule handed back the incoming grad or its input: never steal it
                 al.add(r)
@@ -489,10 +495,8 @@ def _rule1_instr(
         arrays = [s[i0] if i0 >= 0 else c0, s[i1] if i1 >= 0 else c1]
         x = rule(NP, gd, arrays, None if oi < 0 else s[oi], kw, needs)[k]
         a = arrays[k]
-        if x.shape != a.shape:
-            x = sum_to(NP, x, tuple(a.shape))
-        if x.dtype != a.dtype:
-            x = _NPX.astype(x, a.dtype)
+        if x.shape != a.shape or x.dtype != a.dtype:
+            x = _fit(x, a)
         s[r] = x
         if x is gd or x is arrays[0] or x is arrays[1]:
             al.add(r)
