@@ -15,6 +15,9 @@ Contenders:
   that its idle processes do not load the others' runs; skipped when ray is not installed);
 - torch multiprocessing: a pool of min(P, cores) spawned processes (1 intra-op thread each, started and
   warmed before the clock), the same 32 trainings;
+- numpy processes: the floor in a pool of min(P, cores) spawned processes (1 BLAS thread each, started and
+  warmed before the clock): how far this machine's cores scale for these trainings with no framework at all,
+  the limit the population's bar is measured against in the same run;
 - numpy by hand (the floor) on a ThreadPoolExecutor(P): what plain threads over numpy give, with the
   default BLAS threads and with 1 (the GIL-free share of the floor's own step bounds what any Python
   framework over numpy can gain from threads; this row shows that bound in the same run).
@@ -337,6 +340,34 @@ def run_torch_mp(P: int, n: int) -> float:
         return time.perf_counter() - t
 
 
+def _np_proc_init() -> None:
+    from threadpoolctl import threadpool_limits
+
+    global _NP_PROC_LIMIT
+    _NP_PROC_LIMIT = threadpool_limits(limits=1, user_api="blas")  # kept: the limit holds while it lives
+
+
+_NP_PROC_LIMIT: Any = None
+
+
+def _np_proc_training(i: int) -> int:
+    numpy_training(i)
+    return i
+
+
+def run_np_mp(P: int, n: int) -> float:
+    """The floor in a pool of min(P, cores) spawned processes (1 BLAS thread each): what this machine gives
+    processes running the same trainings with no framework at all, the limit a population can reach."""
+    import multiprocessing as mp
+
+    procs = min(P, os.cpu_count() or 1)
+    with mp.get_context("spawn").Pool(procs, initializer=_np_proc_init) as pool:
+        pool.map(_np_proc_training, range(procs), chunksize=1)  # start and warm every process
+        t = time.perf_counter()
+        pool.map(_np_proc_training, range(n), chunksize=1)
+        return time.perf_counter() - t
+
+
 def run_pool(fn: Any, P: int, n: int) -> float:
     t = time.perf_counter()
     with ThreadPoolExecutor(P) as ex:
@@ -415,6 +446,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         say("  population-ray: ray not installed, skipped (pip install 'asyncgrad[ray]')")
     runners["numpy threads (floor)"] = lambda P, n: run_pool(numpy_training, P, n)
     runners["numpy threads, 1 BLAS thread"] = lambda P, n: run_pool_blas1(numpy_training, P, n)
+    runners["numpy processes, 1 BLAS thread"] = run_np_mp
 
     say("  checking training 0 against the floor...")
     ref = numpy_training(0)
@@ -530,4 +562,12 @@ def run(quick: bool = False) -> dict[str, Any]:
     if 2 in nb and "speedup_vs_P1" in nb[2]:
         say(f"  the same bar for plain numpy threads with 1 BLAS thread (no framework at all): P=2 "
             f"{nb[2]['speedup_vs_P1']:.2f}x")
+    npp: dict[Any, Any] = out["contenders"].get("numpy processes, 1 BLAS thread", {})
+    sp_np = {P: v["speedup_vs_P1"] for P, v in npp.items() if P >= 2 and "speedup_vs_P1" in v}
+    if sp_np:
+        # the machine's own limit in this run: the same trainings in processes, no framework, no messages
+        out["machine_process_scaling"] = sp_np
+        say("  this machine's process scaling in the same run (the floor in min(P, cores) processes, no "
+            "framework): " + ", ".join(f"P={P} {v:.2f}x" for P, v in sp_np.items())
+            + f"; min {min(sp_np.values()):.2f}x (what processes reach here with no framework at all)")
     return out
