@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -146,6 +147,7 @@ def make_optimizer(cfg: Config, model: nn.Module) -> optim.Optimizer:
     return optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-2)
 
 
+@functools.lru_cache(maxsize=4)  # a worker's trainings share it (read only): loaded once per process
 def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Digits scaled to [0, 1], split 80/20 (stratified, fixed seed)."""
     from sklearn.datasets import load_digits
@@ -326,38 +328,49 @@ async def train_trial(trial: Any, job: dict[str, Any]) -> dict[str, Any]:
 async def main_population(args: argparse.Namespace) -> list[Result]:
     """The trainings over worker processes; one bar per model, fed by the streamed reports."""
     cfgs = population(args.quick)
-    n_train = len(load_data(args.seed)[0])
-    steps = [c.epochs * -(-n_train // c.batch) for c in cfgs]
-    progress = not args.no_progress and sys.stdout.isatty() and sys.stderr.isatty()
-    bars = _Bars(cfgs, steps, progress)
     results = [Result(c) for c in cfgs]
     finished = 0
+    bars: list[_Bars] = []  # made once the parent has the data (its size sets each bar's steps)
+    have_bars = trio.Event()
+
+    async def make_bars() -> None:
+        # the parent needs the data only to size the bars: it loads it (sklearn's import, ~0.7 s) in a
+        # thread while the workers start and begin training, instead of before them
+        n_train = len((await trio.to_thread.run_sync(load_data, args.seed))[0])
+        steps = [c.epochs * -(-n_train // c.batch) for c in cfgs]
+        progress = not args.no_progress and sys.stdout.isatty() and sys.stderr.isatty()
+        bars.append(_Bars(cfgs, steps, progress))
+        have_bars.set()
 
     async def follow(i: int, run: Any) -> None:
         nonlocal finished
+        await have_bars.wait()  # the reports wait in the run meanwhile
         shown = 0
         async for rep in run.reports():  # as they happen in the worker
-            bars.update(i, rep["step"] - shown)
+            bars[0].update(i, rep["step"] - shown)
             shown = rep["step"]
             if "loss" in rep:
-                bars.epoch(i, rep["epoch"], rep["loss"])
+                bars[0].epoch(i, rep["epoch"], rep["loss"])
         out = await run.result()
         r = results[i]
         r.params, r.step_losses, r.epoch_losses = out["params"], out["step_losses"], out["epoch_losses"]
         r.test_acc, r.seconds = out["test_acc"], out["seconds"]
         finished += 1
-        bars.done(i, r, finished, len(cfgs))
+        bars[0].done(i, r, finished, len(cfgs))
 
     try:
-        async with dist.open_population(workers=args.workers) as pop:
-            async with trio.open_nursery() as nursery:
-                # the largest first: the long trainings do not end up alone at the tail
-                for i in sorted(range(len(cfgs)), key=lambda k: -steps[k] * cfgs[k].width):
-                    job = {"cfg": dataclasses.asdict(cfgs[i]), "index": i, "seed": args.seed}
-                    run = await pop.start(train_trial, job)
-                    nursery.start_soon(follow, i, run)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(make_bars)
+            async with dist.open_population(workers=args.workers) as pop:
+                async with trio.open_nursery() as runs:
+                    # the largest first (steps x width): the long trainings do not end up alone at the tail
+                    for i in sorted(range(len(cfgs)), key=lambda k: -cfgs[k].epochs * cfgs[k].width / cfgs[k].batch):
+                        job = {"cfg": dataclasses.asdict(cfgs[i]), "index": i, "seed": args.seed}
+                        run = await pop.start(train_trial, job)
+                        runs.start_soon(follow, i, run)
     finally:
-        bars.close()
+        if bars:
+            bars[0].close()
     return results
 
 
