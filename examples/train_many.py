@@ -264,7 +264,9 @@ async def train_trial(trial: Any, job: dict[str, Any]) -> dict[str, Any]:
     """One training in a worker process (the population's ``train``): streams its step losses back."""
     cfg = Config(**job["cfg"])
     i, seed = job["index"], job["seed"]
-    data = load_data(seed)
+    # the parent's copy of the data comes with the job (arrays travel as arrays, not pickled): a worker
+    # needs no sklearn of its own; a job without it (another caller) loads it here
+    data = tuple(np.asarray(a) for a in job["data"]) if "data" in job else load_data(seed)
     ag.manual_seed(seed * 1000 + i)
     model = build(cfg, seed=seed * 1000 + i)
     res = Result(cfg)
@@ -330,21 +332,21 @@ async def main_population(args: argparse.Namespace) -> list[Result]:
     cfgs = population(args.quick)
     results = [Result(c) for c in cfgs]
     finished = 0
-    bars: list[_Bars] = []  # made once the parent has the data (its size sets each bar's steps)
-    have_bars = trio.Event()
+    bars: list[_Bars] = []
+    box: list[Any] = []  # the data, once loaded
+    have_data = trio.Event()
 
-    async def make_bars() -> None:
-        # the parent needs the data only to size the bars: it loads it (sklearn's import, ~0.7 s) in a
-        # thread while the workers start and begin training, instead of before them
-        n_train = len((await trio.to_thread.run_sync(load_data, args.seed))[0])
+    async def load() -> None:
+        # in a thread while the workers start (sklearn's import, ~0.7 s): the jobs carry the data to them
+        box.append(await trio.to_thread.run_sync(load_data, args.seed))
+        n_train = len(box[0][0])
         steps = [c.epochs * -(-n_train // c.batch) for c in cfgs]
         progress = not args.no_progress and sys.stdout.isatty() and sys.stderr.isatty()
         bars.append(_Bars(cfgs, steps, progress))
-        have_bars.set()
+        have_data.set()
 
     async def follow(i: int, run: Any) -> None:
         nonlocal finished
-        await have_bars.wait()  # the reports wait in the run meanwhile
         shown = 0
         async for rep in run.reports():  # as they happen in the worker
             bars[0].update(i, rep["step"] - shown)
@@ -360,12 +362,13 @@ async def main_population(args: argparse.Namespace) -> list[Result]:
 
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(make_bars)
+            nursery.start_soon(load)
             async with dist.open_population(workers=args.workers) as pop:
+                await have_data.wait()
                 async with trio.open_nursery() as runs:
                     # the largest first (steps x width): the long trainings do not end up alone at the tail
                     for i in sorted(range(len(cfgs)), key=lambda k: -cfgs[k].epochs * cfgs[k].width / cfgs[k].batch):
-                        job = {"cfg": dataclasses.asdict(cfgs[i]), "index": i, "seed": args.seed}
+                        job = {"cfg": dataclasses.asdict(cfgs[i]), "index": i, "seed": args.seed, "data": box[0]}
                         run = await pop.start(train_trial, job)
                         runs.start_soon(follow, i, run)
     finally:
