@@ -55,6 +55,11 @@ _base: int | None = None  # the per-lane count the lanes set (restored after eve
 _target: int | None = None  # the count lanes should run at: the base, or a lone stream's full count
 _applied: int | None = None  # the count last set here (None: unknown, set by someone else)
 _demand: dict[int, tuple[int, int]] = {}  # id(pool) -> (its streams in use, what a lone stream of it gets)
+# taken only to change the count (a stream taken or returned, a boost ended), never on a kernel's path: the
+# C call and the record of what it set must not interleave with another thread's pair, or the record says
+# one count while OpenBLAS runs another until the next change (W3's runtimes in threads kept every product on
+# two BLAS threads while the record said one: 2.5-2.8 s against 1.1 s, the pool spinning)
+_count_lock = threading.Lock()
 _CORES = os.cpu_count() or 1  # read once: every stream taken or returned asks (a file read each time otherwise)
 
 # ---- how many cores other processes leave us -------------------------------------------------------
@@ -290,8 +295,11 @@ def set_base(threads: int) -> None:
     global _base, _applied, _setter
     if _setter is None:
         _setter = _find_setter()
-    _base = max(1, threads)
-    _applied = _base
+    with _count_lock:
+        _base = max(1, threads)
+        # the lane set the count itself, but a lane of another runtime may have set another since: unknown,
+        # so the next `sync` sets the target whatever it is
+        _applied = None
     if _last is None:
         sample()  # the first reading: the load is known from the next one on
     _retarget()
@@ -331,12 +339,13 @@ def solo() -> bool:
 def sync() -> None:
     """(lane, before a kernel) Set the count the demand asks for, when it changed; a compare otherwise."""
     global _applied
-    t = _target
-    if t == _applied:
+    if _target == _applied:
         return
-    if _setter and t is not None:
-        _setter(t)
-    _applied = t
+    with _count_lock:
+        t = _target
+        if _setter and t is not None:
+            _setter(t)
+        _applied = t
 
 
 def boosted(threads: int) -> None:
@@ -358,9 +367,10 @@ def unboost() -> None:
     """
     global _applied
     if _setter and _base is not None:
-        t = _target if _target is not None else _base  # the target is the base unless a lone stream runs
-        _setter(t)
-        _applied = t
+        with _count_lock:
+            t = _target if _target is not None else _base  # the target is the base unless a lone stream runs
+            _setter(t)
+            _applied = t
 
 
 # ---- y += alpha * x in one pass (BLAS axpy) ----------------------------------------------------------

@@ -246,3 +246,32 @@ async def test_a_lone_trainings_count_is_back_after_a_kernel_shared_slices() -> 
                 assert _blas._applied == _blas._target
             finally:
                 _blas.pin_spare_cores(None)
+
+
+async def test_a_lane_starting_beside_a_training_leaves_the_count_to_the_next_sync() -> None:
+    """A lane sets its base count itself, then records it (`set_base`); a lane of another runtime (in another
+    thread) may set another count in between. The record must not claim the base then: the next `sync` has to
+    set the target, or OpenBLAS keeps the other count while the record says the base (runtimes in threads
+    kept two BLAS threads per product beside each other, the pool spinning: 2.5x slower)."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        pytest.skip("needs 2+ cores")
+    from threadpoolctl import threadpool_info
+
+    def count() -> int:
+        return next(i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas")
+
+    with trio.fail_after(30):
+        async with ag.open_runtime(lanes=cores):
+            await _lanes_started()
+            if not _blas.boost_available():
+                pytest.skip("not a pthreads OpenBLAS: no thread count to switch")
+            base = _blas._base
+            assert base == 1
+            _blas.sync()
+            assert count() == _blas._target == 1  # no training: the base
+            _blas._setter(cores)  # another runtime's lone training syncs to its full count meanwhile...
+            _blas.set_base(base)  # ...after this lane had set its own count, and before it records it
+            _blas.sync()
+            assert count() == _blas._target == 1
+            assert _blas._applied == 1
