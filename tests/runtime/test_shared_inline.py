@@ -3,6 +3,7 @@ one runtime), and only then; heavy ones are always queued (over the element or m
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -105,3 +106,62 @@ async def test_medium_kernels_run_inline_only_while_tasks_share_the_device() -> 
             y = x * 2.0
             assert y._stream is not None
             np.testing.assert_array_equal((await y.ready()).numpy(), xs * 2.0)
+
+
+def test_runtimes_in_threads_share_the_inline_mode_while_more_than_one_stream_is_in_use() -> None:
+    """Runtimes of their own threads (one training each) take the one GIL as tasks of one runtime do: while
+    the process has more than one stream in use, every CPU device runs medium kernels inline; when only one
+    is left, it queues them again."""
+    xs = np.arange(20_000, dtype=np.float64)
+    assert INLINE_MAX_ELEMENTS < xs.size <= SHARED_INLINE_MAX_ELEMENTS
+    taken = [threading.Event(), threading.Event()]
+    leave = [threading.Event(), threading.Event()]
+    seen: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    async def training(i: int) -> None:
+        with trio.fail_after(TIMEOUT):
+            rt = ag.current_runtime()
+            current_stream(rt.cpu)  # this thread's training takes a stream of its runtime's device
+            taken[i].set()
+            while not taken[1 - i].is_set():
+                await trio.sleep(0.001)
+            seen[f"limit{i}"] = rt.cpu.shared_inline_max
+            x = ag.tensor(xs)
+            await x.ready()
+            y = x * 2.0
+            seen[f"inline{i}"] = y._stream is None  # ran on this loop thread
+            np.testing.assert_array_equal(y.numpy(), xs * 2.0)
+            if i == 0:
+                leave[1].set()  # the other training ends and its runtime closes
+                while not leave[0].is_set():
+                    await trio.sleep(0.001)
+                seen["limit_alone"] = rt.cpu.shared_inline_max
+                z = x * 3.0
+                seen["inline_alone"] = z._stream is None
+                np.testing.assert_array_equal((await z.ready()).numpy(), xs * 3.0)
+            else:
+                while not leave[1].is_set():
+                    await trio.sleep(0.001)
+
+    def thread_main(i: int) -> None:
+        try:
+            ag.run(training, i, lanes=2)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            if i == 1:
+                leave[0].set()
+
+    threads = [threading.Thread(target=thread_main, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(TIMEOUT)
+    assert not any(th.is_alive() for th in threads)
+    if errors:
+        raise errors[0]
+    assert seen["limit0"] == seen["limit1"] == SHARED_INLINE_MAX_ELEMENTS
+    assert seen["inline0"] and seen["inline1"]
+    assert seen["limit_alone"] == 0
+    assert not seen["inline_alone"]
