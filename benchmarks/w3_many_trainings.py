@@ -338,16 +338,22 @@ def _torch_proc_training(i: int) -> int:
     return i
 
 
+def _process_pool(mp: Any, init: Any, train: Any, P: int, n: int) -> float:
+    """Seconds for ``n`` trainings ``train(i)`` on a pool of min(P, cores) spawned processes (``mp``: the
+    multiprocessing module), each set up by ``init``, all started and warmed before the clock."""
+    procs = min(P, os.cpu_count() or 1)
+    with mp.get_context("spawn").Pool(procs, initializer=init) as pool:
+        pool.map(train, range(procs), chunksize=1)  # start and warm every process
+        t = time.perf_counter()
+        pool.map(train, range(n), chunksize=1)
+        return time.perf_counter() - t  # type: ignore[no-any-return]
+
+
 def run_torch_mp(P: int, n: int) -> float:
     """A pool of min(P, cores) spawned processes (1 intra-op thread each) runs the ``n`` trainings."""
     import torch.multiprocessing as mp
 
-    procs = min(P, os.cpu_count() or 1)
-    with mp.get_context("spawn").Pool(procs, initializer=_torch_proc_init) as pool:
-        pool.map(_torch_proc_training, range(procs), chunksize=1)  # start and warm every process
-        t = time.perf_counter()
-        pool.map(_torch_proc_training, range(n), chunksize=1)
-        return time.perf_counter() - t
+    return _process_pool(mp, _torch_proc_init, _torch_proc_training, P, n)
 
 
 def _np_proc_init() -> None:
@@ -369,15 +375,10 @@ def _np_proc_training(i: int) -> int:
 
 def run_np_mp(P: int, n: int) -> float:
     """The floor in a pool of min(P, cores) spawned processes (1 BLAS thread each): what this machine gives
-    processes running the same trainings with no framework at all, the limit a population can reach."""
+    processes running the same trainings with no framework at all."""
     import multiprocessing as mp
 
-    procs = min(P, os.cpu_count() or 1)
-    with mp.get_context("spawn").Pool(procs, initializer=_np_proc_init) as pool:
-        pool.map(_np_proc_training, range(procs), chunksize=1)  # start and warm every process
-        t = time.perf_counter()
-        pool.map(_np_proc_training, range(n), chunksize=1)
-        return time.perf_counter() - t
+    return _process_pool(mp, _np_proc_init, _np_proc_training, P, n)
 
 
 def run_pool(fn: Any, P: int, n: int) -> float:
