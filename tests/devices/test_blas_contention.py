@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,11 +22,12 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the loa
 BUSY = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end:\n    pass\n"
 
 
-async def _lanes_started() -> None:
-    """Wait until a lane has set the base BLAS count (lanes start in their own threads; a small kernel
-    may have run inline on the loop before any of them got that far)."""
+async def _lanes_started(rt: Any) -> None:
+    """Wait until every lane of ``rt`` has set its base BLAS count and waits for work (lanes start in their
+    own threads; a small kernel may have run inline on the loop before any of them got that far, and the
+    base recorded by an earlier runtime's lanes says nothing about this one's)."""
     with trio.fail_after(10):
-        while _blas._base is None:
+        while _blas._base is None or not all(lane._idle for lane in rt.cpu._lanes):
             await trio.sleep(0.01)
 
 
@@ -50,7 +52,7 @@ async def test_busy_processes_leave_a_lone_training_one_blas_thread_and_it_gets_
         with trio.fail_after(30):
             async with ag.open_runtime(lanes=cores) as rt:
                 await (ag.ones(8, 8) @ ag.ones(8, 8)).ready()
-                await _lanes_started()
+                await _lanes_started(rt)
                 if not _blas.boost_available():
                     pytest.skip("not a pthreads OpenBLAS: no thread count to switch")
                 procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(cores)]
@@ -224,7 +226,7 @@ async def test_a_lone_trainings_count_is_back_after_a_kernel_shared_slices() -> 
 
     with trio.fail_after(30):
         async with ag.open_runtime(lanes=cores) as rt:
-            await _lanes_started()
+            await _lanes_started(rt)
             if not _blas.boost_available():
                 pytest.skip("not a pthreads OpenBLAS: no thread count to switch")
             current_stream(rt.cpu)
@@ -262,8 +264,8 @@ async def test_a_lane_starting_beside_a_training_leaves_the_count_to_the_next_sy
         return next(i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas")
 
     with trio.fail_after(30):
-        async with ag.open_runtime(lanes=cores):
-            await _lanes_started()
+        async with ag.open_runtime(lanes=cores) as rt:
+            await _lanes_started(rt)
             if not _blas.boost_available():
                 pytest.skip("not a pthreads OpenBLAS: no thread count to switch")
             base = _blas._base
