@@ -318,6 +318,11 @@ def set_demand(key: int, in_use: int, solo_threads: int) -> None:
     _retarget()
 
 
+def streams_in_use() -> int:
+    """Streams in use over every CPU device of the process (all runtimes), as their demands say."""
+    return sum(n for n, _ in list(_demand.values()))  # a snapshot: loops of other threads may change it
+
+
 def _retarget() -> None:
     global _target
     if _base is None or not _setter:

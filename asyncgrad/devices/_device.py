@@ -42,36 +42,6 @@ DEFAULT_LANE_NICE = 0
 DEFAULT_HOST_CACHE_BYTES = 256 << 20
 
 
-# Streams in use per running CPU device of this process, all runtimes together (one per thread, say): the
-# hand-offs that running small kernels inline avoids cost the same whether the other trainings share this
-# runtime or run in runtimes of their own threads, since every loop and lane takes the one GIL (W3's
-# "asyncgrad threads", P runtimes in threads: 6.3 s at P=4 against 1.4 s at P=1 while each runtime handed
-# every kernel to its lanes). Touched on loop threads only, as streams are taken and returned.
-_IN_USE: dict[int, tuple[int, weakref.ref[CPUDevice]]] = {}
-
-
-def _share_inline(dev: CPUDevice, n: int) -> None:
-    """``dev`` now has ``n`` streams in use: while the process has more than one, every CPU device runs
-    small kernels inline (`SHARED_INLINE_MAX_ELEMENTS`), else none does. (Whole-dict reads and single
-    updates only, each atomic under the GIL: loops of other threads may call this meanwhile.)"""
-    if n > 0:
-        _IN_USE[id(dev)] = (n, weakref.ref(dev))
-    else:
-        _IN_USE.pop(id(dev), None)
-    entries = list(_IN_USE.values())
-    shared = sum(k for k, _ in entries) > 1
-    limit = SHARED_INLINE_MAX_ELEMENTS if shared else 0
-    dev.shared_inline_max = limit
-    for _, ref in entries:
-        d = ref()
-        if d is not None and d.shared_inline_max != limit:
-            d.shared_inline_max = limit
-    if shared:
-        # kernels now also run inline on this thread, which no lane `sync` covers: a lone training's
-        # full BLAS count left in place made them wake (and, under load, wait for) every pool thread
-        _blas.sync()
-
-
 @attrs.frozen
 class DeviceStatistics:
     """Counters of one device."""
@@ -262,7 +232,7 @@ class CPUDevice(Device):
     def _streams_in_use(self, n: int) -> None:
         # a training alone in the process runs its kernels with every lane's BLAS threads (see `_blas`)
         _blas.set_demand(id(self), n if self._lanes else 0, self._lane_count * (self._blas_threads or 1))
-        _share_inline(self, n if self._lanes else 0)
+        _share_inline()
 
     def _new_stream(self) -> Stream:
         if not self._lanes:
@@ -303,5 +273,19 @@ class CPUDevice(Device):
             self.pool.close()
             self._streams.clear()
             _blas.set_demand(id(self), 0, 0)
-            _share_inline(self, 0)
+            _share_inline()
             self.host_cache.close()
+
+
+def _share_inline() -> None:
+    """Medium kernels run inline on every CPU device (`SHARED_INLINE_MAX_ELEMENTS`, one class attribute) while
+    the process has more than one stream in use, over all its runtimes: runtimes of their own threads take
+    the one GIL as tasks of one runtime do, so their lane hand-offs cost the same (W3's "asyncgrad threads",
+    P runtimes in threads: 6.3 s at P=4 against 1.4 s at P=1 while each runtime handed every kernel to its
+    lanes). The count is `_blas`'s demand, which every CPU device keeps current as streams come and go."""
+    shared = _blas.streams_in_use() > 1
+    CPUDevice.shared_inline_max = SHARED_INLINE_MAX_ELEMENTS if shared else 0
+    if shared:
+        # kernels now also run inline on this thread, which no lane `sync` covers: a lone training's
+        # full BLAS count left in place made them wake (and, under load, wait for) every pool thread
+        _blas.sync()
