@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -147,7 +146,6 @@ def make_optimizer(cfg: Config, model: nn.Module) -> optim.Optimizer:
     return optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-2)
 
 
-@functools.lru_cache(maxsize=4)  # a worker's trainings share it (read only): loaded once per process
 def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Digits scaled to [0, 1], split 80/20 (stratified, fixed seed)."""
     from sklearn.datasets import load_digits
