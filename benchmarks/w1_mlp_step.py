@@ -2,7 +2,8 @@
 
 Figures: steps/s (median and best of interleaved repeats) and peak RSS (each contender in a fresh child
 process). Contenders: numpy by hand (the floor, measured outside any asyncgrad runtime with the default
-BLAS threads), asyncgrad with lanes=1 and with the default lanes, PyTorch CPU, HIPS autograd if installed.
+BLAS threads), asyncgrad with lanes=1 and with the default lanes (eager, and under ``ag.compile``), PyTorch
+CPU, HIPS autograd if installed.
 Before timing, every contender trains 3 steps from the same start and its parameters are compared with
 the floor's, so the table compares the same work.
 """
@@ -226,13 +227,28 @@ def ag_run(lanes: int | None, fn: Any) -> Any:
     return trio.run(main)
 
 
-def ag_repeat(lanes: int | None, warm: int, n: int, wait_each: bool = False) -> tuple[float, dict[str, Any]]:
+def _stepper(m: AgMLP, compiled: bool) -> Any:
+    """``await f()`` trains one step without waiting for its kernels: `AgMLP.step`, or its ``ag.compile``."""
+
+    async def step() -> None:
+        await m.step(wait=False)
+
+    return m.ag.compile(step) if compiled else step
+
+
+def ag_repeat(lanes: int | None, warm: int, n: int, wait_each: bool = False,
+              compiled: bool = False) -> tuple[float, dict[str, Any]]:
     async def go(m: AgMLP, rt: Any) -> tuple[float, dict[str, Any]]:
+        f = _stepper(m, compiled)
         for _ in range(warm):
-            await m.step()
+            await f()
+            await m.sync()
         t = time.perf_counter()
         for _ in range(n):
-            await m.step(wait=wait_each)
+            if wait_each:
+                await m.step()
+            else:
+                await f()
         await m.sync()
         rate = n / (time.perf_counter() - t)
         b = blas_info()
@@ -241,10 +257,11 @@ def ag_repeat(lanes: int | None, warm: int, n: int, wait_each: bool = False) -> 
     return ag_run(lanes, go)  # type: ignore[no-any-return]
 
 
-def ag_check(lanes: int | None) -> list[np.ndarray]:
+def ag_check(lanes: int | None, compiled: bool = False) -> list[np.ndarray]:
     async def go(m: AgMLP, rt: Any) -> list[np.ndarray]:
+        f = _stepper(m, compiled)  # compiled: step 1 eager, step 2 recorded, step 3 replayed
         for _ in range(CHECK_STEPS):
-            await m.step(wait=False)  # as timed: recording runs ahead of the kernels
+            await f()  # as timed: recording runs ahead of the kernels
         await m.sync()
         return m.params()
 
@@ -254,7 +271,8 @@ def ag_check(lanes: int | None) -> list[np.ndarray]:
 # ---- peak RSS, one contender per fresh child process ------------------------------------------------
 
 
-def rss_child(contender: str, steps: int = 20, lanes: int | None = None, wait_each: bool = False) -> dict[str, Any]:
+def rss_child(contender: str, steps: int = 20, lanes: int | None = None, wait_each: bool = False,
+              compiled: bool = False) -> dict[str, Any]:
     """(child) Build the contender, then train; report peak RSS after setup and after training, and the
     rate and minor page faults of the steps after the first few (a fresh process, glibc's defaults)."""
     warm = min(3, steps - 1)
@@ -268,11 +286,16 @@ def rss_child(contender: str, steps: int = 20, lanes: int | None = None, wait_ea
 
         async def go(m: AgMLP, rt: Any) -> dict[str, Any]:
             base = peak_rss_mb()
+            step = _stepper(m, compiled)
             for _ in range(warm):
-                await m.step()
+                await step()
+                await m.sync()
             t, f = time.perf_counter(), minor_faults()
             for _ in range(steps - warm):
-                await m.step(wait=wait_each)
+                if wait_each:
+                    await m.step()
+                else:
+                    await step()
             await m.sync()
             return result(base, t, f)
 
@@ -326,9 +349,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     # kernel); it also shows how much of a noisy run is OpenBLAS threads fighting other processes
     contenders["numpy, 1 BLAS thread"] = lambda: _rate_blas1(floor, warm, n)
 
-    def ag_c(lanes: int | None, key: str, wait_each: bool = False) -> Any:
+    def ag_c(lanes: int | None, key: str, wait_each: bool = False, compiled: bool = False) -> Any:
         def one() -> float:
-            rate, info = ag_repeat(lanes, warm, n, wait_each)
+            rate, info = ag_repeat(lanes, warm, n, wait_each, compiled)
             extra[key] = info
             return rate
 
@@ -340,6 +363,12 @@ def run(quick: bool = False) -> dict[str, Any]:
     contenders[default] = ag_c(None, default)
     # the same, waiting for every step's kernels before recording the next (what this runner timed before)
     contenders[each] = ag_c(None, each, wait_each=True)
+    # the captured form (`ag.compile`: one job per step replaying the recorded kernels), as W9 times it
+    comp1, comp = "asyncgrad compiled, lanes=1", "asyncgrad compiled, default lanes"
+    has_compile = hasattr(__import__("asyncgrad"), "compile")
+    if has_compile:
+        contenders[comp1] = ag_c(1, comp1, compiled=True)
+        contenders[comp] = ag_c(None, comp, compiled=True)
     models: dict[str, Any] = {}
     if have("torch"):
         models["torch"] = TorchMLP()
@@ -357,6 +386,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "asyncgrad lanes=1": {"contender": "asyncgrad", "lanes": 1},
         default: {"contender": "asyncgrad", "lanes": None},
         each: {"contender": "asyncgrad", "lanes": None, "wait_each": True},
+        comp1: {"contender": "asyncgrad", "lanes": 1, "compiled": True},
+        comp: {"contender": "asyncgrad", "lanes": None, "compiled": True},
         "torch": {"contender": "torch"},
         "HIPS autograd": {"contender": "autograd", "steps": 5},
     }
@@ -373,7 +404,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             continue
         try:
             if name.startswith("asyncgrad"):
-                got = ag_check(1 if "lanes=1" in name else None)
+                got = ag_check(1 if "lanes=1" in name else None, compiled="compiled" in name)
             else:
                 m = {"torch": TorchMLP, "HIPS autograd": HipsMLP}[name]()
                 for _ in range(CHECK_STEPS):
@@ -479,4 +510,18 @@ def run(quick: bool = False) -> dict[str, Any]:
     if "median" in one and "median" in ag_def:
         say(f"  like for like (1 BLAS thread per kernel): asyncgrad default lanes / numpy 1 BLAS thread = "
             f"{ag_def['median'] / one['median']:.2f}x (medians), {ag_def['best'] / one['best']:.2f}x (best)")
+    tr = res.get("torch")
+    if isinstance(tr, list) and tr:
+        # issue 21's bar: asyncgrad's steps/s at least torch's, each round's rate over torch's in that round
+        vs: dict[str, float] = {}
+        for name, r in res.items():
+            if name.startswith("asyncgrad") and isinstance(r, list) and r:
+                vs[name] = median([a / b for a, b in zip(r, tr)])
+        out["paired_vs_torch"] = vs
+        if vs:
+            best_name = max(vs, key=lambda k: vs[k])
+            say("  vs torch (median of per-round ratios): "
+                + ", ".join(f"{k.removeprefix('asyncgrad ')} {v:.3f}x" for k, v in vs.items()))
+            say(f"  target: asyncgrad >= torch's steps/s -> best {best_name} {vs[best_name]:.3f}x "
+                f"({'met' if vs[best_name] >= 1.0 else 'NOT met'}){verdict}")
     return out
