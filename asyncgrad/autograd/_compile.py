@@ -391,8 +391,14 @@ def _k_instr(kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any],
 
         return run2c
 
+    template, places = _arg_template(spec)
+
     def run(s: list[Any], al: set[int]) -> None:
-        res = kernel(*[s[i] if i >= 0 else c for i, c in spec], **kw)
+        # the arguments filled in by a loop: a list comprehension is a frame of its own on CPython 3.11
+        arrays = template.copy()
+        for i, k in places:
+            arrays[k] = s[i]
+        res = kernel(*arrays, **kw)
         if type(res) is not np.ndarray:
             res = np.asarray(res)
         s[o] = res if res.dtype == dtype else res.astype(dtype)
@@ -400,12 +406,22 @@ def _k_instr(kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any],
     return run
 
 
+def _arg_template(spec: tuple[tuple[int, Any], ...]) -> tuple[list[Any], tuple[tuple[int, int], ...]]:
+    """An instruction's argument list with its constants in place, and (slot, position) for the rest."""
+    return [c for _, c in spec], tuple((i, k) for k, (i, _) in enumerate(spec) if i >= 0)
+
+
 def _k_seed_instr(
     kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any], dtype: Any, o: int, k: int
 ) -> Any:
     # a random op: its seed is the replay's k-th draw (the job puts the replay's seeds last in the slots)
+    template, places = _arg_template(spec)
+
     def run(s: list[Any], al: set[int]) -> None:
-        res = kernel(*[s[i] if i >= 0 else c for i, c in spec], **{**kw, "seed": s[-1][k]})
+        arrays = template.copy()
+        for i, j in places:
+            arrays[j] = s[i]
+        res = kernel(*arrays, **{**kw, "seed": s[-1][k]})
         if type(res) is not np.ndarray:
             res = np.asarray(res)
         s[o] = res if res.dtype == dtype else res.astype(dtype)
@@ -416,8 +432,12 @@ def _k_seed_instr(
 def _k_out_instr(
     kernel: Any, spec: tuple[tuple[int, Any], ...], kw: dict[str, Any], dtype: Any, shape: tuple[int, ...], o: int
 ) -> Any:
+    template, places = _arg_template(spec)
+
     def run(s: list[Any], al: set[int]) -> None:
-        arrays = [s[i] if i >= 0 else c for i, c in spec]
+        arrays = template.copy()
+        for i, k in places:
+            arrays[k] = s[i]
         if all(x.dtype == dtype and x.flags.c_contiguous for x in arrays if isinstance(x, np.ndarray)):
             s[o] = kernel(*arrays, out=lane_empty(shape, dtype), **kw)
             return
@@ -436,8 +456,12 @@ def _rule_instr(
     if seed_k < 0 and len(wanted) == 1 and len(spec) <= 2:
         return _rule1_instr(rule, kw, needs, gi, spec, oi, wanted[0])
 
+    template, places = _arg_template(spec)
+
     def run(s: list[Any], al: set[int]) -> None:
-        arrays = [s[i] if i >= 0 else c for i, c in spec]
+        arrays = template.copy()
+        for i, k in places:
+            arrays[k] = s[i]
         gd = s[gi]
         kwr = kw if seed_k < 0 else {**kw, "seed": s[-1][seed_k]}
         gs = rule(NP, gd, arrays, None if oi < 0 else s[oi], kwr, needs)
@@ -559,8 +583,20 @@ def _scaled_instr(ufunc: Any, alpha: Any, ti: int, gi: int, mi: int, decided: li
 
 
 def _inplace_instr(fn: Any, ti: int, spec: tuple[tuple[int, Any], ...]) -> Any:
+    if len(spec) == 1 and spec[0][0] >= 0:  # an optimizer's update of a parameter by its .grad
+        (i, _), = spec
+
+        def run1(s: list[Any], al: set[int]) -> None:
+            fn(s[ti], s[i])
+
+        return run1
+    template, places = _arg_template(spec)
+
     def run(s: list[Any], al: set[int]) -> None:
-        fn(s[ti], *[s[i] if i >= 0 else c for i, c in spec])
+        arrays = template.copy()
+        for i, k in places:
+            arrays[k] = s[i]
+        fn(s[ti], *arrays)
 
     return run
 
