@@ -456,9 +456,15 @@ def axpy(alpha: float, x: Any, y: Any) -> bool:
     return True
 
 
+# below this many elements `add_scaled` takes numpy's two passes: they keep the GIL as the axpy would (numpy
+# lets go of it only for loops over 500 elements) and cost ~1 us against the axpy's ~3.5 (mostly getting its
+# two pointers through `.ctypes`); a char GPT has 20 such parameters of its 29 (biases, norms)
+_AXPY_MIN_ELEMENTS = 501
+
+
 def add_scaled(a: Any, alpha: Any, o: Any) -> None:
     """``a += alpha * o`` in place: one BLAS pass when the arrays allow it (no temporary), else numpy."""
     import numpy as np
 
-    if not (isinstance(o, np.ndarray) and axpy(alpha, o, a)):
+    if not (isinstance(o, np.ndarray) and o.size >= _AXPY_MIN_ELEMENTS and axpy(alpha, o, a)):
         np.add(a, alpha * o, out=a, casting="unsafe")
