@@ -45,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("workloads", nargs="*", metavar="W", help="workloads to run: W1..W8, LOAD (default: all)")
     ap.add_argument("--quick", action="store_true", help="fewer repeats and smaller sizes (~2 min for all)")
     ap.add_argument("--json", metavar="PATH", help="also write every figure to this JSON file")
-    ap.add_argument("--compare-with", metavar="DIR", help="W1/W2 only: asyncgrad of this checkout against "
-                    "the one in DIR (another checkout), in alternating fresh interpreters")
+    ap.add_argument("--compare-with", metavar="DIR", help="W1/W2 only (W9: counted only): asyncgrad of "
+                    "this checkout against the one in DIR (another checkout), in alternating fresh interpreters")
     ap.add_argument("--instructions", action="store_true", help="with --compare-with: also count the "
-                    "instructions per W1 step and per W2 node of both (valgrind's callgrind; a few minutes)")
+                    "instructions per W1 step, per W2 node and per W9 char GPT replay of both (valgrind's "
+                    "callgrind; a few minutes)")
     ap.add_argument("--depth", type=int, default=None, help="W4 depth (default 100000; 10000 with --quick)")
     args = ap.parse_args(argv)
     chosen = [w.upper() for w in args.workloads] or list(WORKLOADS)
@@ -62,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         say("asyncgrad benchmarks: new against old code" + (" (--quick)" if args.quick else ""))
         for line in env_lines():
             say("  " + line)
-        picked = [w for w in chosen if w in ("W1", "W2")] or ["W1", "W2"]
+        picked = [w for w in chosen if w in ("W1", "W2", "W9")] or ["W1", "W2"]
+        if "W9" in picked and not args.instructions:
+            ap.error("--compare-with W9 counts instructions only: add --instructions")
         res = _compare.run(args.compare_with, picked, quick=args.quick, count=args.instructions)
         if args.json:
             with open(args.json, "w") as f:
