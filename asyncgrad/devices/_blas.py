@@ -172,10 +172,24 @@ def shorten_pool_spin() -> bool:
             dl.blas_thread_shutdown_()
             gone = before - _threads_now()
             dl.blas_thread_init()
-            started = _threads_now() - (before - gone)
+            started = _threads_now() - (before - gone)  # (a tid of `gone` the kernel gave a new thread counts)
+            gone |= _vanished(before, (_POOL & before) - gone)
             _POOL = (_POOL - gone) | started  # the new pool threads are this runtime's, as the old ones were
             restarted = True
         return restarted
+
+
+def _vanished(before: set[int], left: set[int], wait_s: float = 0.005) -> set[int]:
+    """The threads of ``before`` no longer listed, looking again for up to ``wait_s`` while some of ``left``
+    (old pool threads not yet seen gone) are: a thread `blas_thread_shutdown_` joined can still be listed in
+    /proc/self/task for a moment while the kernel tears it down, and kept in `_POOL` it would stay counted
+    as ours (a foreign thread listed since import keeps the wait at its bound, once per process)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        gone = before - _threads_now()
+        if not (left - gone) or time.monotonic() >= deadline:
+            return gone
+        time.sleep(0.0002)
 
 
 def _foreign_cpu_s() -> float:
