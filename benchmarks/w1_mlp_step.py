@@ -227,11 +227,12 @@ def ag_run(lanes: int | None, fn: Any) -> Any:
     return trio.run(main)
 
 
-def _stepper(m: AgMLP, compiled: bool) -> Any:
-    """``await f()`` trains one step without waiting for its kernels: `AgMLP.step`, or its ``ag.compile``."""
+def _stepper(m: AgMLP, compiled: bool = False, wait: bool = False) -> Any:
+    """``await f()`` trains one step: `AgMLP.step` (with ``wait``, also waiting for its kernels), or its
+    ``ag.compile``."""
 
     async def step() -> None:
-        await m.step(wait=False)
+        await m.step(wait=wait)
 
     return m.ag.compile(step) if compiled else step
 
@@ -239,16 +240,13 @@ def _stepper(m: AgMLP, compiled: bool) -> Any:
 def ag_repeat(lanes: int | None, warm: int, n: int, wait_each: bool = False,
               compiled: bool = False) -> tuple[float, dict[str, Any]]:
     async def go(m: AgMLP, rt: Any) -> tuple[float, dict[str, Any]]:
-        f = _stepper(m, compiled)
+        f = _stepper(m, compiled, wait_each)
         for _ in range(warm):
             await f()
             await m.sync()
         t = time.perf_counter()
         for _ in range(n):
-            if wait_each:
-                await m.step()
-            else:
-                await f()
+            await f()
         await m.sync()
         rate = n / (time.perf_counter() - t)
         b = blas_info()
@@ -286,16 +284,13 @@ def rss_child(contender: str, steps: int = 20, lanes: int | None = None, wait_ea
 
         async def go(m: AgMLP, rt: Any) -> dict[str, Any]:
             base = peak_rss_mb()
-            step = _stepper(m, compiled)
+            step = _stepper(m, compiled, wait_each)
             for _ in range(warm):
                 await step()
                 await m.sync()
             t, f = time.perf_counter(), minor_faults()
             for _ in range(steps - warm):
-                if wait_each:
-                    await m.step()
-                else:
-                    await step()
+                await step()
             await m.sync()
             return result(base, t, f)
 
@@ -365,8 +360,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     contenders[each] = ag_c(None, each, wait_each=True)
     # the captured form (`ag.compile`: one job per step replaying the recorded kernels), as W9 times it
     comp1, comp = "asyncgrad compiled, lanes=1", "asyncgrad compiled, default lanes"
-    has_compile = hasattr(__import__("asyncgrad"), "compile")
-    if has_compile:
+    import asyncgrad as ag
+
+    if hasattr(ag, "compile"):  # (absent in an older checkout this runner may time)
         contenders[comp1] = ag_c(1, comp1, compiled=True)
         contenders[comp] = ag_c(None, comp, compiled=True)
     models: dict[str, Any] = {}
