@@ -57,13 +57,34 @@ def state_from_torch(tmod: Any) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in tmod.state_dict().items()}
 
 
-def load_from_torch(amod: Any, tmod: Any) -> None:
-    """Load ``tmod``'s state into ``amod`` strictly (the keys and shapes must match exactly)."""
-    sd = state_from_torch(tmod)
+def load_state(amod: Any, sd: dict[str, np.ndarray]) -> None:
+    """Load a (recorded) torch state dict into ``amod`` strictly: the keys, order and shapes must match."""
     assert list(amod.state_dict()) == list(sd), (list(amod.state_dict()), list(sd))
     for k, v in amod.state_dict().items():
         assert v.shape == sd[k].shape, (k, v.shape, sd[k].shape)
     amod.load_state_dict(sd, strict=True)
+
+
+def load_from_torch(amod: Any, tmod: Any) -> None:
+    """Load ``tmod``'s state into ``amod`` strictly (the keys and shapes must match exactly)."""
+    load_state(amod, state_from_torch(tmod))
+
+
+def grads_of(tmod: Any) -> dict[str, np.ndarray | None]:
+    """A torch module's parameter gradients by name (None where it has none): a recordable value."""
+    return {k: None if p.grad is None else p.grad.detach().cpu().numpy().copy() for k, p in tmod.named_parameters()}
+
+
+def assert_grads_equal(amod: Any, grads: dict[str, np.ndarray | None], rtol: float = RTOL, atol: float = ATOL) -> None:
+    """Every parameter's ``.grad`` of ``amod`` equals ``grads[name]`` (see ``grads_of``): both None, or close."""
+    ap = dict(amod.named_parameters())
+    assert list(ap) == list(grads)
+    for k, g in grads.items():
+        if g is None:
+            assert ap[k].grad is None, f"{k}: asyncgrad has a grad, torch has none"
+            continue
+        assert ap[k].grad is not None, f"{k}: torch has a grad, asyncgrad has none"
+        assert_close(ap[k].grad, g, f"grad of {k}", rtol, atol)
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -179,20 +200,30 @@ def channels_last(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
 
 
-async def vs_torch(ag_fn: Fn, torch_fn: Fn, *inputs: np.ndarray, atol: float = 1e-10) -> None:
-    """Values and gradients (for a random output weighting) against PyTorch, in float64."""
-    torch = pytest.importorskip("torch")
+async def vs_torch(torch_ref: Any, key: str, ag_fn: Fn, torch_fn: Fn, *inputs: np.ndarray,
+                   atol: float = 1e-10) -> None:
+    """Values and gradients (for a random output weighting) against PyTorch's (``torch_ref``), in float64.
+
+    ``torch_fn(torch, *tensors)`` gets the torch module and the inputs as float64 torch leaves; the torch
+    side runs live or comes from the recording under ``key`` (see ``tests/_reference.py``).
+    """
+
+    def reference(torch: Any) -> Any:
+        tl = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
+        tout = torch_fn(torch, *tl)
+        w = torch.tensor(output_weights(tuple(tout.shape)))
+        tg = torch.autograd.grad((tout * w).sum(), tl, allow_unused=True)
+        return tout.detach(), list(tg)
+
+    tout, tg = torch_ref(key, reference, inputs=list(inputs))
     leaves = [ag.tensor(a, dtype=np.float64, requires_grad=True) for a in inputs]
     out = ag_fn(*leaves)
-    tl = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
-    tout = torch_fn(*tl)
-    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=atol, rtol=1e-9)
+    np.testing.assert_allclose(out.numpy(), tout, atol=atol, rtol=1e-9)
     w = output_weights(out.shape)
     grads = await ag.grad((out * ag.tensor(w)).sum(), leaves, allow_unused=True)
-    tg = torch.autograd.grad((tout * torch.tensor(w)).sum(), tl, allow_unused=True)
     for i, (g, t) in enumerate(zip(grads, tg)):
         gv = np.zeros(inputs[i].shape) if g is None else g.numpy()
-        tv = np.zeros(inputs[i].shape) if t is None else t.numpy()
+        tv = np.zeros(inputs[i].shape) if t is None else t
         np.testing.assert_allclose(gv, tv, atol=atol, rtol=1e-8, err_msg=f"gradient of input {i}")
 
 

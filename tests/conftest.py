@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
+from tests._reference import torch_ref  # noqa: F401  (the fixture: recorded or live torch references)
 
 
 @pytest.fixture
@@ -19,3 +20,11 @@ async def rt():
 def rng():
     """A seeded generator, so failures reproduce."""
     return np.random.default_rng(1234)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Keep each phase's report on the item: ``torch_ref`` checks its case's file only after a passing call."""
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
