@@ -126,13 +126,14 @@ async def test_conv2d_unbatched_and_errors(rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize("xs,ws,kw", CONV_CASES)
-async def test_conv2d_vs_torch(xs: Any, ws: Any, kw: Any, rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_conv2d_vs_torch(xs: Any, ws: Any, kw: Any, rng: np.random.Generator, torch_ref) -> None:
     async with ag.open_runtime():
         x, w, b = rng.standard_normal((3, *xs[1:])), rng.standard_normal(ws), rng.standard_normal(ws[0])
         await vs_torch(
+            torch_ref,
+            "conv2d",
             lambda x, w, b: ag.conv2d(x, w, b, **kw),
-            lambda x, w, b: torch.nn.functional.conv2d(x, w, b, **kw),
+            lambda torch, x, w, b: torch.nn.functional.conv2d(x, w, b, **kw),
             x,
             w,
             b,
@@ -140,7 +141,9 @@ async def test_conv2d_vs_torch(xs: Any, ws: Any, kw: Any, rng: np.random.Generat
 
 
 @pytest.mark.parametrize("k,s,p,d,ceil", POOL_CASES)
-async def test_max_pool2d(k: Any, s: Any, p: Any, d: Any, ceil: bool, rng: np.random.Generator) -> None:
+async def test_max_pool2d(
+    k: Any, s: Any, p: Any, d: Any, ceil: bool, rng: np.random.Generator, torch_ref
+) -> None:
     async with ag.open_runtime():
         x = rng.permutation(2 * 3 * 7 * 8).reshape(2, 3, 7, 8) / 10.0  # no ties: FD is exact away from kinks
 
@@ -149,32 +152,44 @@ async def test_max_pool2d(k: Any, s: Any, p: Any, d: Any, ceil: bool, rng: np.ra
 
         await ag.autograd.gradcheck(f, [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         await ag.autograd.gradcheck(f, [channels_last(x)], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
-        torch = pytest.importorskip("torch")
-        await vs_torch(f, lambda x: torch.nn.functional.max_pool2d(x, k, s, p, d, ceil), x)
+        await vs_torch(
+            torch_ref, "max_pool2d", f, lambda torch, x: torch.nn.functional.max_pool2d(x, k, s, p, d, ceil), x
+        )
         _, idx = ag.max_pool2d(ag.tensor(x), k, s, p, d, ceil, return_indices=True)
-        _, tidx = torch.nn.functional.max_pool2d(torch.tensor(x), k, s, p, d, ceil, return_indices=True)
-        np.testing.assert_array_equal(idx.numpy(), tidx.numpy())
+
+        def indices(torch: Any) -> Any:
+            return torch.nn.functional.max_pool2d(torch.tensor(x), k, s, p, d, ceil, return_indices=True)[1]
+
+        tidx = torch_ref("max_pool2d_indices", indices, x=x)
+        np.testing.assert_array_equal(idx.numpy(), tidx)
 
 
-async def test_max_pool2d_ties_and_unbatched() -> None:
-    torch = pytest.importorskip("torch")
+async def test_max_pool2d_ties_and_unbatched(torch_ref) -> None:
     async with ag.open_runtime():
         x = np.zeros((2, 4, 4))
         x[:, 1:3, 1:3] = 1.0  # every 3x3 window holds ties: the gradient goes to the first max, like PyTorch
         await vs_torch(
-            lambda x: ag.max_pool2d(x, 3, 1), lambda x: torch.nn.functional.max_pool2d(x, 3, 1), x
+            torch_ref,
+            "ties",
+            lambda x: ag.max_pool2d(x, 3, 1),
+            lambda torch, x: torch.nn.functional.max_pool2d(x, 3, 1),
+            x,
         )
         # NaNs propagate, and their gradient goes where PyTorch sends it
         y = np.arange(32.0).reshape(2, 4, 4)
         y[0, 0, 0] = y[0, 1, 1] = y[1, 2, 3] = np.nan
         await vs_torch(
-            lambda x: ag.max_pool2d(x, 2, 1), lambda x: torch.nn.functional.max_pool2d(x, 2, 1), y
+            torch_ref,
+            "nan",
+            lambda x: ag.max_pool2d(x, 2, 1),
+            lambda torch, x: torch.nn.functional.max_pool2d(x, 2, 1),
+            y,
         )
 
 
 @pytest.mark.parametrize("k,s,p,ceil,cip,div", AVG_CASES)
 async def test_avg_pool2d(
-    k: Any, s: Any, p: Any, ceil: bool, cip: bool, div: Any, rng: np.random.Generator
+    k: Any, s: Any, p: Any, ceil: bool, cip: bool, div: Any, rng: np.random.Generator, torch_ref
 ) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((2, 3, 7, 8))
@@ -184,8 +199,9 @@ async def test_avg_pool2d(
 
         await ag.autograd.gradcheck(f, [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         await ag.autograd.gradcheck(f, [channels_last(x)], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
-        torch = pytest.importorskip("torch")
-        await vs_torch(f, lambda x: torch.nn.functional.avg_pool2d(x, k, s, p, ceil, cip, div), x)
+        await vs_torch(
+            torch_ref, "avg_pool2d", f, lambda torch, x: torch.nn.functional.avg_pool2d(x, k, s, p, ceil, cip, div), x
+        )
 
 
 async def test_pool_layout_and_errors(rng: np.random.Generator) -> None:
