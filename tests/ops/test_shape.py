@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from tests._util import arr, set_inline_limit, t, torch_pair
+from tests._util import arr, set_inline_limit, t
 
 # ---- shape ops ------------------------------------------------------------------------------------------
 
@@ -92,9 +92,6 @@ async def test_tril_triu_diag_trace(rt: Any) -> None:
         ag.diag(t(a))
 
 
-torch = pytest.importorskip("torch")
-
-
 # ---- unfold --------------------------------------------------------------------------------------------------
 
 
@@ -103,16 +100,26 @@ torch = pytest.importorskip("torch")
     [((10,), 0, 3, 2), ((4, 7), 1, 3, 1), ((4, 7), 0, 2, 3), ((2, 5, 6), -1, 6, 1), ((2, 5, 6), 1, 1, 2),
      ((3, 4), 1, 0, 1)],
 )
-async def test_unfold_matches_torch(rt: ag.Runtime, shape: tuple, dim: int, size: int, step: int) -> None:
+async def test_unfold_matches_torch(
+    rt: ag.Runtime, torch_ref: Any, shape: tuple, dim: int, size: int, step: int
+) -> None:
     a = np.random.default_rng(0).standard_normal(shape)
-    x, tx = torch_pair(a, True)
-    y, ty = x.unfold(dim, size, step), tx.unfold(dim, size, step)
-    assert y.shape == tuple(ty.shape)
-    np.testing.assert_array_equal(y.numpy(), ty.detach().numpy())
+
+    def reference(torch: Any) -> Any:
+        tx = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+        ty = tx.unfold(dim, size, step)
+        tw = np.random.default_rng(1).standard_normal(tuple(ty.shape))
+        (tg,) = torch.autograd.grad((ty * torch.tensor(tw)).sum(), [tx])
+        return {"shape": ty.shape, "y": ty.detach(), "grad": tg}
+
+    want = torch_ref("unfold", reference, a=a, dim=dim, size=size, step=step)
+    x = ag.tensor(a, dtype=ag.float64, requires_grad=True)
+    y = x.unfold(dim, size, step)
+    assert y.shape == want["shape"]
+    np.testing.assert_array_equal(y.numpy(), want["y"])
     w = np.random.default_rng(1).standard_normal(y.shape)
     (g,) = await ag.grad((y * ag.tensor(w)).sum(), [x])
-    (tg,) = torch.autograd.grad((ty * torch.tensor(w)).sum(), [tx])
-    np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(g.numpy(), want["grad"], rtol=1e-14, atol=1e-14)
 
 
 async def test_unfold_gradients_by_finite_differences(rt: ag.Runtime) -> None:
@@ -142,66 +149,106 @@ def mode(request: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     return str(request.param)
 
 
-def _input(a: np.ndarray, layout: str) -> tuple[ag.Tensor, Any]:
-    # the same (possibly strided) layout on both sides: a transpose, or every other column
-    x, tx = torch_pair(np.ascontiguousarray(a))
+def _input(a: np.ndarray, layout: str) -> ag.Tensor:
+    # the same (possibly strided) layout on both sides (see _torch_input): a transpose, or every other column
+    x = ag.tensor(np.ascontiguousarray(a), dtype=ag.float64)
     if layout == "transposed":
-        return x.t(), tx.t()
+        return x.t()
     if layout == "sliced":
-        return x[:, ::2], tx[:, ::2]
-    return x, tx
+        return x[:, ::2]
+    return x
+
+
+def _torch_input(torch: Any, a: np.ndarray, layout: str) -> Any:
+    """``_input``'s layout in torch."""
+    tx = torch.tensor(np.ascontiguousarray(a), dtype=torch.float64)
+    if layout == "transposed":
+        return tx.t()
+    if layout == "sliced":
+        return tx[:, ::2]
+    return tx
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
 @pytest.mark.parametrize(("dim", "size", "step"), [(0, 2, 1), (1, 3, 2), (-1, 1, 1), (1, 2, 5), (0, 0, 1), (1, 4, 1)])
 async def test_unfold_is_a_view_with_torchs_strides(
-    rt: ag.Runtime, mode: str, layout: str, dim: int, size: int, step: int
+    rt: ag.Runtime, torch_ref: Any, mode: str, layout: str, dim: int, size: int, step: int
 ) -> None:
     a = np.random.default_rng(3).standard_normal((8, 8))
-    x, tx = _input(a, layout)
-    u, tu = x.unfold(dim, size, step), tx.unfold(dim, size, step)
-    assert u.shape == tuple(tu.shape)
-    assert u.stride() == tu.stride()
-    assert u.is_contiguous() == tu.is_contiguous()
-    np.testing.assert_array_equal(u.numpy(), tu.numpy())
+
+    def reference(torch: Any) -> Any:
+        tu = _torch_input(torch, a, layout).unfold(dim, size, step)
+        return {"shape": tu.shape, "stride": tu.stride(), "contiguous": tu.is_contiguous(), "u": tu}
+
+    want = torch_ref("unfold_view", reference, a=a, layout=layout, dim=dim, size=size, step=step)
+    x = _input(a, layout)
+    u = x.unfold(dim, size, step)
+    assert u.shape == want["shape"]
+    assert u.stride() == want["stride"]
+    assert u.is_contiguous() == want["contiguous"]
+    np.testing.assert_array_equal(u.numpy(), want["u"])
     # the same memory: the window view's first element sits where torch's storage offset puts it
     assert u.numel() == 0 or np.shares_memory(u.numpy(), x.numpy())
     assert u._vc is x._vc  # one version counter
 
 
-async def test_unfold_of_a_0d_tensor_is_a_view(rt: ag.Runtime) -> None:
-    x, tx = torch_pair(np.array(5.0))
-    u, tu = x.unfold(0, 1, 1), tx.unfold(0, 1, 1)
-    assert u.shape == tuple(tu.shape) == (1,) and u.stride() == tu.stride()
+async def test_unfold_of_a_0d_tensor_is_a_view(rt: ag.Runtime, torch_ref: Any) -> None:
+    def reference(torch: Any) -> Any:
+        tx = torch.tensor(np.array(5.0), dtype=torch.float64)
+        tu = tx.unfold(0, 1, 1)
+        shape, stride = tu.shape, tu.stride()
+        tx.add_(1)
+        return {"shape": shape, "stride": stride, "u": tu.clone(), "version": tu._version}
+
+    want = torch_ref("unfold_0d", reference)
+    x = ag.tensor(np.array(5.0), dtype=ag.float64)
+    u = x.unfold(0, 1, 1)
+    assert u.shape == want["shape"] == (1,) and u.stride() == want["stride"]
     x.add_(1)
-    tx.add_(1)
-    np.testing.assert_array_equal(u.numpy(), tu.numpy())
-    assert u._version == tu._version == 1
+    np.testing.assert_array_equal(u.numpy(), want["u"])
+    assert u._version == want["version"] == 1
 
 
-async def test_writes_through_unfold_and_its_base_are_seen_by_each_other(rt: ag.Runtime, mode: str) -> None:
+async def test_writes_through_unfold_and_its_base_are_seen_by_each_other(
+    rt: ag.Runtime, torch_ref: Any, mode: str
+) -> None:
     a = np.arange(20.0).reshape(2, 10)
-    x, tx = torch_pair(a)
-    u, tu = x.unfold(1, 3, 1), tx.unfold(1, 3, 1)  # overlapping windows
+
+    def reference(torch: Any) -> Any:
+        out: dict[str, Any] = {}
+        tx = torch.tensor(a, dtype=torch.float64)
+        tu = tx.unfold(1, 3, 1)
+        tx.mul_(2)
+        out["u_after_mul"] = tu.clone()
+        tx[0, 4] = -1.0
+        out["u_after_set"] = tu.clone()
+        tv = tx.unfold(1, 2, 3)
+        tv.add_(10)
+        tv[1, 0, 1] = 7.0
+        out["x_after_view_writes"] = tx.clone()
+        out["u_after_view_writes"] = tu.clone()
+        out["version"] = tx._version
+        out["w_stride"] = tu.unfold(0, 1, 1).stride()
+        return out
+
+    want = torch_ref("unfold_writes", reference, a=a)
+    x = ag.tensor(a, dtype=ag.float64)
+    u = x.unfold(1, 3, 1)  # overlapping windows
     x.mul_(2)
-    tx.mul_(2)
-    np.testing.assert_array_equal(u.numpy(), tu.numpy())
+    np.testing.assert_array_equal(u.numpy(), want["u_after_mul"])
     x[0, 4] = -1.0  # one element seen in the three windows holding it
-    tx[0, 4] = -1.0
-    np.testing.assert_array_equal(u.numpy(), tu.numpy())
+    np.testing.assert_array_equal(u.numpy(), want["u_after_set"])
     assert (u.numpy() == -1.0).sum() == 3
     # non-overlapping windows (step >= size): a write through the view lands in the base, as in torch
-    v, tv = x.unfold(1, 2, 3), tx.unfold(1, 2, 3)
+    v = x.unfold(1, 2, 3)
     v.add_(10)
-    tv.add_(10)
     v[1, 0, 1] = 7.0
-    tv[1, 0, 1] = 7.0
-    np.testing.assert_array_equal(x.numpy(), tx.numpy())
-    np.testing.assert_array_equal(u.numpy(), tu.numpy())
-    assert x._version == u._version == v._version == tx._version == 4
+    np.testing.assert_array_equal(x.numpy(), want["x_after_view_writes"])
+    np.testing.assert_array_equal(u.numpy(), want["u_after_view_writes"])
+    assert x._version == u._version == v._version == want["version"] == 4
     # an unfold of an unfold is a view of the first base too
-    w, tw = u.unfold(0, 1, 1), tu.unfold(0, 1, 1)
-    assert w.stride() == tw.stride()
+    w = u.unfold(0, 1, 1)
+    assert w.stride() == want["w_stride"]
     x.zero_()
     assert not w.numpy().any() and w._vc is x._vc
 
@@ -224,7 +271,7 @@ async def test_a_write_to_the_base_of_a_saved_unfold_raises(rt: ag.Runtime, mode
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
-async def test_unfold_view_gradients(rt: ag.Runtime, mode: str, layout: str) -> None:
+async def test_unfold_view_gradients(rt: ag.Runtime, torch_ref: Any, mode: str, layout: str) -> None:
     a = np.random.default_rng(4).standard_normal((6, 10))
 
     def f(x: ag.Tensor) -> ag.Tensor:
@@ -233,13 +280,20 @@ async def test_unfold_view_gradients(rt: ag.Runtime, mode: str, layout: str) -> 
 
     assert await ag.autograd.gradcheck(f, [a], rtol=1e-6)
     assert await ag.autograd.gradgradcheck(f, [a], rtol=1e-5)
+
     # against torch, through a view of a view and back into the base's shape
-    x, tx = _input(a, layout)
+    def reference(torch: Any) -> Any:
+        tx = _torch_input(torch, a, layout)
+        tx.requires_grad_(True)
+        tsrc = tx.unfold(0, 2, 2).unfold(1, 4, 1)
+        twts = np.random.default_rng(5).standard_normal(tuple(tsrc.shape))
+        (tg,) = torch.autograd.grad((tsrc * torch.tensor(twts)).sum(), [tx])
+        return tg
+
+    tg = torch_ref("unfold_view_grad", reference, a=a, layout=layout)
+    x = _input(a, layout)
     x.requires_grad_(True)
-    tx.requires_grad_(True)
     src = x.unfold(0, 2, 2).unfold(1, 4, 1)
-    tsrc = tx.unfold(0, 2, 2).unfold(1, 4, 1)
     wts = np.random.default_rng(5).standard_normal(src.shape)
     (g,) = await ag.grad((src * ag.tensor(wts)).sum(), [x])
-    (tg,) = torch.autograd.grad((tsrc * torch.tensor(wts)).sum(), [tx])
-    np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(g.numpy(), tg, rtol=1e-14, atol=1e-14)
