@@ -5,8 +5,9 @@ Operands fall in three priority groups: dimensioned tensors, zero-dim tensors, a
 is higher; a wrapped float then gives the default dtype (float32). Ops that always compute in floating
 point (true division, sqrt, exp, ...) turn bool and integer results into the default dtype.
 
-The first tests hard-code PyTorch's answers (they run without torch); the parametrized ones at the end
-ask torch itself, on every pair of operand kinds, for the dtype and the values (skipped without torch).
+The first tests hard-code PyTorch's answers; the parametrized ones at the end ask torch itself, on every
+pair of operand kinds, for the dtype and the values (live where torch is installed, else the answers
+recorded under ``tests/references/``: see ``tests/_reference.py``).
 Every check runs on the inline path (small tensors on the loop thread) and on the queued one (lanes).
 """
 
@@ -210,23 +211,25 @@ async def test_relu_of_bool_raises_like_torch(rt: Any, path: str) -> None:
         ag.relu(ag.tensor([True, False]))
 
 
-async def test_table_matches_torch() -> None:
-    """The hard-coded expectations are torch's (checked where torch is installed)."""
-    torch = pytest.importorskip("torch")
+async def test_table_matches_torch(torch_ref) -> None:
+    """The hard-coded expectations are torch's (live where torch is installed, else as recorded)."""
     checks = {
-        "int tensor / int": lambda: torch.arange(4) / 4,
-        "float32 + zero-dim float64": lambda: torch.tensor([1.0, 2.0]) + torch.tensor(1.0, dtype=torch.float64),
-        "int32 + zero-dim int64": lambda: torch.tensor([1, 2], dtype=torch.int32) + torch.tensor(1),
-        "tensor([np.float64])": lambda: torch.tensor([np.float64(1.0)]),
-        "where(mask, 1.0, 0.0)": lambda: torch.where(torch.tensor([True, False, True]), 1.0, 0.0),
-        "sum(uint8)": lambda: torch.tensor([1, 2], dtype=torch.uint8).sum(),
-        "logsumexp(int)": lambda: torch.logsumexp(torch.tensor([1, 2]), 0),
-        "tensor(np.float16, int)": lambda: torch.tensor([np.float16(1), 2]),
-        "2 ** int32": lambda: 2 ** torch.tensor([1, 4], dtype=torch.int32),
+        "int tensor / int": lambda torch: torch.arange(4) / 4,
+        "float32 + zero-dim float64": lambda torch: torch.tensor([1.0, 2.0]) + torch.tensor(1.0, dtype=torch.float64),
+        "int32 + zero-dim int64": lambda torch: torch.tensor([1, 2], dtype=torch.int32) + torch.tensor(1),
+        "tensor([np.float64])": lambda torch: torch.tensor([np.float64(1.0)]),
+        "where(mask, 1.0, 0.0)": lambda torch: torch.where(torch.tensor([True, False, True]), 1.0, 0.0),
+        "sum(uint8)": lambda torch: torch.tensor([1, 2], dtype=torch.uint8).sum(),
+        "logsumexp(int)": lambda torch: torch.logsumexp(torch.tensor([1, 2]), 0),
+        "tensor(np.float16, int)": lambda torch: torch.tensor([np.float16(1), 2]),
+        "2 ** int32": lambda torch: 2 ** torch.tensor([1, 4], dtype=torch.int32),
     }
+    want = torch_ref("table_dtypes", lambda torch: {name: f(torch).dtype for name, f in checks.items()},
+                     names=list(checks))
     expected = {name: dt for name, _, dt in TABLE}
-    for name, f in checks.items():
-        assert str(f().dtype).removeprefix("torch.") == expected[name], name
+    assert list(want) == list(checks)
+    for name, dt in want.items():
+        assert dt.removeprefix("torch.") == expected[name], name
 
 
 # ---- against torch itself, every pair of operand kinds ---------------------------------------------
@@ -268,15 +271,38 @@ def _make(spec: str, lib: str, torch: Any = None) -> Any:
     return ag.tensor(v)
 
 
-def _compare(torch: Any, f_ag: Callable[..., Any], f_torch: Callable[..., Any], specs: tuple[str, ...]) -> str | None:
-    """None when asyncgrad matches torch's dtype and values (or torch rejects the operands), else why not."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            want = f_torch(*[_make(s, "torch", torch) for s in specs])
-    except (RuntimeError, TypeError):
+def _operands() -> dict[str, np.ndarray]:
+    """The tensor operands' values by spec (flat: the recording keeps no zero-dim arrays), the inputs the
+    recorded torch results depend on."""
+    return {s: np.asarray(_values(s.split("[")[0], s.endswith("[3]"))).reshape(-1) for s in TENSOR_SPECS}
+
+
+def _torch_results(torch: Any, f_torch: Callable[..., Any], cases: list[tuple[str, ...]]) -> dict[str, Any]:
+    """Torch's answer for each tuple of operand specs (keyed ``"a|b"``): its result dtype (as a string),
+    shape and values, or the name of the exception with which torch rejects the operands."""
+    out: dict[str, Any] = {}
+    for specs in cases:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                want = f_torch(*[_make(s, "torch", torch) for s in specs])
+        except (RuntimeError, TypeError) as e:
+            out["|".join(specs)] = type(e).__name__
+            continue
+        out["|".join(specs)] = (want.dtype, want.shape, want)
+    return out
+
+
+def _compare(want: Any, f_ag: Callable[..., Any], specs: tuple[str, ...]) -> str | None:
+    """None when asyncgrad matches torch's dtype and values (or torch rejects the operands), else why not.
+
+    ``want`` is torch's answer from ``_torch_results``: ``(dtype string, shape, values)`` or an exception's
+    name.
+    """
+    if isinstance(want, str):
         return None  # torch rejects these operands (bool subtraction, uint8 negative powers, ...)
-    want_dt = str(want.dtype).removeprefix("torch.")
+    # the recording stores a zero-dim array as one of shape (1,): the recorded shape restores it
+    want_dt, tv = want[0].removeprefix("torch."), want[2].reshape(want[1])
     try:
         with np.errstate(all="ignore"):
             got = f_ag(*[_make(s, "ag") for s in specs])
@@ -285,7 +311,6 @@ def _compare(torch: Any, f_ag: Callable[..., Any], f_torch: Callable[..., Any], 
         return f"{specs}: torch gives {want_dt}, asyncgrad raises {type(e).__name__}: {e}"
     if str(got.dtype) != want_dt or got_v.dtype != got.dtype:
         return f"{specs}: torch gives {want_dt}, asyncgrad {got.dtype} (array {got_v.dtype})"
-    tv = want.numpy()
     if got_v.shape != tv.shape:
         return f"{specs}: shape {got_v.shape} vs torch {tv.shape}"
     if tv.dtype.kind in "fc":
@@ -295,6 +320,15 @@ def _compare(torch: Any, f_ag: Callable[..., Any], f_torch: Callable[..., Any], 
     elif not np.array_equal(got_v, tv):
         return f"{specs}: values {got_v} vs torch {tv}"
     return None
+
+
+def _against_torch(torch_ref: Any, key: str, f_ag: Callable[..., Any], f_torch: Callable[..., Any],
+                   cases: list[tuple[str, ...]]) -> list[str]:
+    """The mismatches of asyncgrad against torch (``f_torch(torch, *operands)``) over ``cases``."""
+    want = torch_ref(key, lambda torch: _torch_results(torch, lambda *a: f_torch(torch, *a), cases),
+                     cases=[list(c) for c in cases], operands=_operands())
+    assert list(want) == ["|".join(c) for c in cases]
+    return [m for c in cases if (m := _compare(want["|".join(c)], f_ag, c))]
 
 
 BINARY: dict[str, Callable[[Any, Any], Any]] = {  # the same operator on asyncgrad and torch operands
@@ -309,26 +343,22 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {  # the same operator on asyncgr
 
 
 @pytest.mark.parametrize("op", list(BINARY))
-async def test_binary_against_torch(rt: Any, path: str, op: str) -> None:
-    torch = pytest.importorskip("torch")
+async def test_binary_against_torch(rt: Any, path: str, op: str, torch_ref) -> None:
     f = BINARY[op]
-    bad = []
+    cases = []
     for a in SPECS:
         for b in SPECS:
             if a in SCALARS and b in SCALARS:
                 continue
             if op == "pow" and a in SCALARS and SCALARS[a] is True:
                 continue  # torch computes True ** tensor in the tensor's dtype; not worth a special case
-            msg = _compare(torch, f, f, (a, b))
-            if msg:
-                bad.append(msg)
+            cases.append((a, b))
+    bad = _against_torch(torch_ref, op, f, lambda torch, a, b: f(a, b), cases)
     assert not bad, f"{len(bad)} mismatches, e.g.:\n" + "\n".join(bad[:20])
 
 
 def _torch_fn(name: str) -> Callable[..., Any]:
-    def f(a: Any, b: Any) -> Any:
-        import torch
-
+    def f(torch: Any, a: Any, b: Any) -> Any:
         if name == "where":
             return torch.where(torch.tensor([True, False, True]), a, b)
         if name == "clamp_min":
@@ -365,26 +395,20 @@ def _pairs(op: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("op", list(TENSOR_FNS))
-async def test_tensor_ops_against_torch(rt: Any, path: str, op: str) -> None:
-    torch = pytest.importorskip("torch")
+async def test_tensor_ops_against_torch(rt: Any, path: str, op: str, torch_ref) -> None:
     f_ag, f_torch = TENSOR_FNS[op]
-    bad = [m for a, b in _pairs(op) if (m := _compare(torch, f_ag, f_torch, (a, b)))]
+    bad = _against_torch(torch_ref, op, f_ag, f_torch, _pairs(op))
     assert not bad, f"{len(bad)} mismatches, e.g.:\n" + "\n".join(bad[:20])
 
 
-async def test_where_scalars_against_torch(rt: Any, path: str) -> None:
-    torch = pytest.importorskip("torch")
-    bad = []
-    for a in SCALARS:
-        for b in SCALARS:
-            msg = _compare(
-                torch,
-                lambda x, y: ag.where(ag.tensor([True, False, True]), x, y),
-                lambda x, y: torch.where(torch.tensor([True, False, True]), x, y),
-                (a, b),
-            )
-            if msg:
-                bad.append(msg)
+async def test_where_scalars_against_torch(rt: Any, path: str, torch_ref) -> None:
+    bad = _against_torch(
+        torch_ref,
+        "where_scalars",
+        lambda x, y: ag.where(ag.tensor([True, False, True]), x, y),
+        lambda torch, x, y: torch.where(torch.tensor([True, False, True]), x, y),
+        [(a, b) for a in SCALARS for b in SCALARS],
+    )
     assert not bad, "\n".join(bad[:20])
 
 
@@ -392,29 +416,24 @@ UNARY = ["sqrt", "exp", "log", "tanh", "sigmoid", "abs", "neg", "relu", "sign"]
 
 
 @pytest.mark.parametrize("op", UNARY)
-async def test_unary_against_torch(rt: Any, path: str, op: str) -> None:
-    torch = pytest.importorskip("torch")
+async def test_unary_against_torch(rt: Any, path: str, op: str, torch_ref) -> None:
     f_ag = getattr(ag, op) if op != "neg" else (lambda a: -a)
-    f_torch = getattr(torch, op)
-    bad = [m for s in TENSOR_SPECS if (m := _compare(torch, f_ag, f_torch, (s,)))]
+    bad = _against_torch(torch_ref, op, f_ag, lambda torch, a: getattr(torch, op)(a), [(s,) for s in TENSOR_SPECS])
     assert not bad, "\n".join(bad[:20])
 
 
-async def test_reductions_against_torch(rt: Any, path: str) -> None:
-    torch = pytest.importorskip("torch")
-    fns = [  # (asyncgrad, torch, whole-tensor reduction: zero-dim inputs too)
-        (ag.sum, torch.sum, True),
-        (lambda a: ag.sum(a, 0), lambda a: torch.sum(a, 0), False),
-        (ag.mean, torch.mean, True),
-        (lambda a: ag.logsumexp(a, 0), lambda a: torch.logsumexp(a, 0), False),
-        (ag.max, torch.max, True),
-    ]
-    bad = [
-        m
-        for f_ag, f_torch, whole in fns
-        for s in TENSOR_SPECS
-        if (whole or s.endswith("[3]")) and (m := _compare(torch, f_ag, f_torch, (s,)))
-    ]
+async def test_reductions_against_torch(rt: Any, path: str, torch_ref) -> None:
+    fns = {  # name: (asyncgrad, torch, whole-tensor reduction: zero-dim inputs too)
+        "sum": (ag.sum, lambda torch, a: torch.sum(a), True),
+        "sum_dim0": (lambda a: ag.sum(a, 0), lambda torch, a: torch.sum(a, 0), False),
+        "mean": (ag.mean, lambda torch, a: torch.mean(a), True),
+        "logsumexp_dim0": (lambda a: ag.logsumexp(a, 0), lambda torch, a: torch.logsumexp(a, 0), False),
+        "max": (ag.max, lambda torch, a: torch.max(a), True),
+    }
+    bad = []
+    for name, (f_ag, f_torch, whole) in fns.items():
+        cases = [(s,) for s in TENSOR_SPECS if whole or s.endswith("[3]")]
+        bad += _against_torch(torch_ref, name, f_ag, f_torch, cases)
     assert not bad, "\n".join(bad[:20])
 
 
@@ -451,13 +470,31 @@ TENSOR_DATA: list[Any] = [
 ]
 
 
-async def test_tensor_inference_against_torch(rt: Any) -> None:
-    torch = pytest.importorskip("torch")
+def _describe(data: Any) -> Any:
+    """``data`` as plain recordable values naming each item's type (the recorded inputs of the inference test)."""
+    if isinstance(data, list):
+        return [_describe(d) for d in data]
+    if isinstance(data, np.ndarray):
+        return f"np.array({data.tolist()!r}, dtype={data.dtype})"
+    if isinstance(data, np.generic):
+        return f"np.{type(data).__name__}({data.item()!r})"
+    return f"{type(data).__name__}({data!r})"
+
+
+async def test_tensor_inference_against_torch(rt: Any, torch_ref) -> None:
+    def reference(torch: Any) -> list[Any]:
+        out = []
+        for data in TENSOR_DATA:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out.append(torch.tensor(data).dtype)
+        return out
+
+    wants = torch_ref("tensor_dtypes", reference, data=_describe(TENSOR_DATA))
+    assert len(wants) == len(TENSOR_DATA)
     bad = []
-    for data in TENSOR_DATA:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            want = str(torch.tensor(data).dtype).removeprefix("torch.")
+    for data, want_dt in zip(TENSOR_DATA, wants):
+        want = want_dt.removeprefix("torch.")
         got = ag.tensor(data)
         if str(got.dtype) != want:
             bad.append(f"tensor({data!r}): torch {want}, asyncgrad {got.dtype}")
