@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 import trio
 
 import asyncgrad as ag
@@ -26,7 +25,9 @@ _CASES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
 
 
 @pytest.mark.parametrize(("name", "args", "kw"), _CASES)
-async def test_conv_repr_is_torchs(rt: Any, name: str, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+async def test_conv_repr_is_torchs(rt: Any, torch_ref: Any, name: str, args: tuple[Any, ...],
+                                   kw: dict[str, Any]) -> None:
     with trio.fail_after(30):
         ours = repr(getattr(ag.nn, name)(*args, **kw))
-    assert ours == repr(getattr(torch.nn, name)(*args, **kw))
+    want = torch_ref("repr", lambda torch: repr(getattr(torch.nn, name)(*args, **kw)), name=name, args=args, kw=kw)
+    assert ours == want
