@@ -15,7 +15,6 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad import nn
-from tests._util import torch_or_skip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -364,12 +363,16 @@ async def test_to_dtype_casts_buffers_and_get_parameter_buffer(rt) -> None:
 # ---- ModuleDict, ParameterList, ParameterDict -------------------------------------------------------
 
 
-async def test_module_dict(rt) -> None:
-    torch = torch_or_skip()
+async def test_module_dict(rt, torch_ref) -> None:
     md = nn.ModuleDict({"fc": nn.Linear(2, 3), "act": nn.ReLU()})
-    tmd = torch.nn.ModuleDict({"fc": torch.nn.Linear(2, 3), "act": torch.nn.ReLU()})
-    assert list(md) == list(tmd) == ["fc", "act"]
-    assert list(md.state_dict()) == list(tmd.state_dict()) == ["fc.weight", "fc.bias"]
+
+    def reference(torch):
+        tmd = torch.nn.ModuleDict({"fc": torch.nn.Linear(2, 3), "act": torch.nn.ReLU()})
+        return {"keys": list(tmd), "state_keys": list(tmd.state_dict())}
+
+    want = torch_ref("module_dict", reference)
+    assert list(md) == want["keys"] == ["fc", "act"]
+    assert list(md.state_dict()) == want["state_keys"] == ["fc.weight", "fc.bias"]
     assert "fc" in md and len(md) == 2 and isinstance(md["act"], nn.ReLU)
     md["out"] = nn.Linear(3, 1)
     assert list(md.keys()) == ["fc", "act", "out"]
@@ -392,11 +395,14 @@ async def test_module_dict(rt) -> None:
     assert list(Owner().state_dict()) == ["heads.a.weight", "heads.a.bias"]
 
 
-async def test_parameter_list(rt) -> None:
-    torch = torch_or_skip()
+async def test_parameter_list(rt, torch_ref) -> None:
     pl = nn.ParameterList([nn.Parameter(ag.zeros(2, 3)), ag.ones(4)])
-    tpl = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(2, 3)), torch.ones(4)])
-    assert list(pl.state_dict()) == list(tpl.state_dict()) == ["0", "1"]
+
+    def reference(torch):
+        tpl = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(2, 3)), torch.ones(4)])
+        return list(tpl.state_dict())
+
+    assert list(pl.state_dict()) == torch_ref("parameter_list_state_keys", reference) == ["0", "1"]
     assert len(pl) == 2 and all(isinstance(p, nn.Parameter) and p.requires_grad for p in pl)
     assert pl[1].shape == (4,) and pl[-1] is pl[1]
     pl.append(ag.zeros(1))
@@ -427,12 +433,16 @@ async def test_parameter_list(rt) -> None:
     assert "Parameter containing" in repr(pl)
 
 
-async def test_parameter_dict(rt) -> None:
-    torch = torch_or_skip()
+async def test_parameter_dict(rt, torch_ref) -> None:
     pd = nn.ParameterDict({"b": ag.zeros(2), "a": nn.Parameter(ag.ones(3))})
-    tpd = torch.nn.ParameterDict({"b": torch.zeros(2), "a": torch.nn.Parameter(torch.ones(3))})
-    assert list(pd) == list(tpd) == ["a", "b"]  # a plain dict's keys are sorted, as torch
-    assert list(pd.state_dict()) == list(tpd.state_dict())
+
+    def reference(torch):
+        tpd = torch.nn.ParameterDict({"b": torch.zeros(2), "a": torch.nn.Parameter(torch.ones(3))})
+        return {"keys": list(tpd), "state_keys": list(tpd.state_dict())}
+
+    want = torch_ref("parameter_dict", reference)
+    assert list(pd) == want["keys"] == ["a", "b"]  # a plain dict's keys are sorted, as torch
+    assert list(pd.state_dict()) == want["state_keys"]
     assert all(isinstance(v, nn.Parameter) for v in pd.values())
     od = nn.ParameterDict(OrderedDict([("z", ag.zeros(1)), ("y", ag.zeros(1))]))
     assert list(od.keys()) == ["z", "y"]
