@@ -109,21 +109,26 @@ async def test_clip_grad_float32(rt) -> None:
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 0.5, math.inf])
-async def test_clip_grad_matches_torch(rt, norm_type: float) -> None:
-    torch = pytest.importorskip("torch")
+async def test_clip_grad_matches_torch(rt, torch_ref, norm_type: float) -> None:
     ps, vals, grads = _params_with_grads(np.random.default_rng(6))
-    tps = [torch.tensor(v, requires_grad=True) for v in vals]
-    for tp, g in zip(tps[:2], grads[:2]):
-        tp.grad = torch.tensor(g)
-    tt = torch.nn.utils.clip_grad_norm_(tps, 2.0, norm_type=norm_type)
+
+    def reference(torch):
+        tps = [torch.tensor(v, requires_grad=True) for v in vals]
+        for tp, g in zip(tps[:2], grads[:2]):
+            tp.grad = torch.tensor(g)
+        tt = torch.nn.utils.clip_grad_norm_(tps, 2.0, norm_type=norm_type)
+        norm_grads = [tp.grad.clone() for tp in tps[:2]]
+        torch.nn.utils.clip_grad_value_(tps, 0.3)
+        return {"total": tt.item(), "norm_grads": norm_grads, "value_grads": [tp.grad for tp in tps[:2]]}
+
+    want = torch_ref("clip", reference, vals=vals, grads=grads, norm_type=norm_type)
     at = nn.utils.clip_grad_norm_(ps, 2.0, norm_type=norm_type)
-    assert at.item() == pytest.approx(tt.item(), rel=1e-13)
-    for p, tp in zip(ps[:2], tps[:2]):
-        np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-13)
-    torch.nn.utils.clip_grad_value_(tps, 0.3)
+    assert at.item() == pytest.approx(want["total"], rel=1e-13)
+    for p, tg in zip(ps[:2], want["norm_grads"]):
+        np.testing.assert_allclose(p.grad.numpy(), tg, rtol=1e-13)
     nn.utils.clip_grad_value_(ps, 0.3)
-    for p, tp in zip(ps[:2], tps[:2]):
-        np.testing.assert_array_equal(p.grad.numpy(), tp.grad.numpy())
+    for p, tg in zip(ps[:2], want["value_grads"]):
+        np.testing.assert_array_equal(p.grad.numpy(), tg)
 
 
 async def test_parameters_to_vector_round_trip(rt) -> None:
