@@ -7,17 +7,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import trio
 
 from tests._util import (
     Lib,
-    load_from_torch,
+    load_state,
     max_rel_diff,
+    state_from_torch,
     torch_one_thread,  # noqa: F401  (autouse: torch on one thread)
 )
 
-torch = pytest.importorskip("torch")
+from ._parity import run_sync
 
 TEXT = (
     "it was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
@@ -95,31 +95,44 @@ def gpt(L: Lib, vocab: int, block: int, n_embd: int = 16, n_head: int = 2, n_lay
     return GPT()
 
 
-async def test_char_gpt_matches_torch(rt) -> None:
+async def _train(L: Lib, m, data: np.ndarray, block: int, starts: list[np.ndarray]) -> list[float]:
+    """The training loop, one source for both libraries (torch's runs through ``run_sync``)."""
+    losses = []
+    opt = L.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95))
+    for s in starts:
+        x = np.stack([data[i : i + block] for i in s])
+        y = np.stack([data[i + 1 : i + 1 + block] for i in s])
+        loss = m(L.tensor(x), L.tensor(y))
+        opt.zero_grad()
+        await L.backward(loss)
+        opt.step()
+        losses.append(float(loss.item()))
+    return losses
+
+
+async def test_char_gpt_matches_torch(rt, torch_ref) -> None:
     chars = sorted(set(TEXT))
     data = np.array([chars.index(c) for c in TEXT], dtype=np.int64)
     vocab, block, batch, steps = len(chars), 16, 4, 30
     rng = np.random.default_rng(0)
     starts = [rng.integers(0, len(data) - block - 1, batch) for _ in range(steps)]
-    T, A = Lib("torch"), Lib("asyncgrad")
-    torch.manual_seed(0)
-    tm = gpt(T, vocab, block).double()
+
+    def reference(torch):
+        T = Lib("torch")
+        torch.manual_seed(0)
+        tm = gpt(T, vocab, block).double()
+        state = state_from_torch(tm)
+        return {"state": state, "losses": run_sync(_train(T, tm, data, block, starts))}
+
+    want = torch_ref("char_gpt", reference, data=data, block=block, starts=starts)
+    A = Lib("asyncgrad")
     am = gpt(A, vocab, block)
     am.double()
-    load_from_torch(am, tm)
+    load_state(am, want["state"])
     assert am.lm_head.weight is am.transformer.wte.weight
-    losses: dict[str, list[float]] = {"torch": [], "asyncgrad": []}
+    losses: dict[str, list[float]] = {"torch": want["losses"], "asyncgrad": []}
     with trio.fail_after(120):
-        for L, m in ((T, tm), (A, am)):
-            opt = L.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95))
-            for s in starts:
-                x = np.stack([data[i : i + block] for i in s])
-                y = np.stack([data[i + 1 : i + 1 + block] for i in s])
-                loss = m(L.tensor(x), L.tensor(y))
-                opt.zero_grad()
-                await L.backward(loss)
-                opt.step()
-                losses[L.which].append(float(loss.item()))
+        losses["asyncgrad"] = await _train(A, am, data, block, starts)
     diff = max_rel_diff(losses["asyncgrad"], losses["torch"])
     first, last = losses["torch"][0], losses["torch"][-1]
     print(f"\nchar GPT: {steps} steps, loss {first:.4f} -> {last:.4f}, max rel diff {diff:.3e}")

@@ -8,17 +8,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import trio
 
 from tests._util import (
     Lib,
-    load_from_torch,
+    load_state,
     max_rel_diff,
+    state_from_torch,
     torch_one_thread,  # noqa: F401  (autouse: torch on one thread)
 )
 
-torch = pytest.importorskip("torch")
+from ._parity import run_sync
 
 
 def classifier(L: Lib, vocab: int, d_model: int, nhead: int, n_classes: int, max_len: int):
@@ -57,7 +57,23 @@ def classifier(L: Lib, vocab: int, d_model: int, nhead: int, n_classes: int, max
     return Classifier()
 
 
-async def test_transformer_classifier_matches_torch(rt) -> None:
+async def _train(L: Lib, m, batches: list[tuple[np.ndarray, ...]]) -> list[float]:
+    """The training loop, one source for both libraries (torch's runs through ``run_sync``)."""
+    losses = []
+    opt = L.optim.Adam(m.parameters(), lr=3e-3)
+    sched = L.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+    for toks, pad, keep, labels in batches:
+        logits = m(L.tensor(toks), L.tensor(pad), L.tensor(keep))
+        loss = L.F.cross_entropy(logits, L.tensor(labels))
+        opt.zero_grad()
+        await L.backward(loss)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.item()))
+    return losses
+
+
+async def test_transformer_classifier_matches_torch(rt, torch_ref) -> None:
     vocab, d_model, nhead, n_classes, max_len, batch, steps = 20, 16, 4, 3, 12, 8, 30
     rng = np.random.default_rng(2)
     batches = []
@@ -71,25 +87,23 @@ async def test_transformer_classifier_matches_torch(rt) -> None:
             toks[i, :n] = np.where(rng.random(n) < 0.7, own, rng.integers(1, vocab, n))
         pad = toks == 0
         batches.append((toks, pad, (~pad).astype(np.float64), labels))
-    T, A = Lib("torch"), Lib("asyncgrad")
-    torch.manual_seed(0)
-    tm = classifier(T, vocab, d_model, nhead, n_classes, max_len).double()
-    am = classifier(A, vocab, d_model, nhead, n_classes, max_len)
+    sizes = (vocab, d_model, nhead, n_classes, max_len)
+
+    def reference(torch):
+        T = Lib("torch")
+        torch.manual_seed(0)
+        tm = classifier(T, *sizes).double()
+        state = state_from_torch(tm)
+        return {"state": state, "losses": run_sync(_train(T, tm, batches))}
+
+    want = torch_ref("transformer_classifier", reference, sizes=sizes, batches=batches)
+    A = Lib("asyncgrad")
+    am = classifier(A, *sizes)
     am.double()
-    load_from_torch(am, tm)
-    losses: dict[str, list[float]] = {"torch": [], "asyncgrad": []}
+    load_state(am, want["state"])
+    losses: dict[str, list[float]] = {"torch": want["losses"], "asyncgrad": []}
     with trio.fail_after(120):
-        for L, m in ((T, tm), (A, am)):
-            opt = L.optim.Adam(m.parameters(), lr=3e-3)
-            sched = L.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
-            for toks, pad, keep, labels in batches:
-                logits = m(L.tensor(toks), L.tensor(pad), L.tensor(keep))
-                loss = L.F.cross_entropy(logits, L.tensor(labels))
-                opt.zero_grad()
-                await L.backward(loss)
-                opt.step()
-                sched.step()
-                losses[L.which].append(float(loss.item()))
+        losses["asyncgrad"] = await _train(A, am, batches)
     diff = max_rel_diff(losses["asyncgrad"], losses["torch"])
     print(
         f"\nTransformer classifier: {steps} steps, loss {losses['torch'][0]:.4f} -> {losses['torch'][-1]:.4f}, "
