@@ -117,14 +117,23 @@ async def test_getitem_mixing_ints_and_arrays_follows_pytorch(rt: Any, idx: Any,
     np.testing.assert_array_equal(got.numpy(), want)
 
 
-async def test_getitem_index_order_matches_torch(rt: Any) -> None:
-    torch = pytest.importorskip("torch")
+async def test_getitem_index_order_matches_torch(rt: Any, torch_ref) -> None:
     x = np.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5)
-    for idx in [(1, slice(None), [3, 0]), (slice(None), 1, slice(None), [0, 1]), (0, [1, 2], slice(None), 4),
-                ([0, 1], 2, slice(None), [1, 3]), (Ellipsis, 2, [0])]:
-        want = torch.from_numpy(x)[tuple(torch.tensor(i) if isinstance(i, list) else i for i in idx)].numpy()
+    idxs = [(1, slice(None), [3, 0]), (slice(None), 1, slice(None), [0, 1]), (0, [1, 2], slice(None), 4),
+            ([0, 1], 2, slice(None), [1, 3]), (Ellipsis, 2, [0])]
+
+    def reference(torch: Any) -> list[Any]:
+        out = []
+        for idx in idxs:
+            want = torch.from_numpy(x)[tuple(torch.tensor(i) if isinstance(i, list) else i for i in idx)]
+            out.append((want.shape, want))
+        return out
+
+    wants = torch_ref("getitem", reference, x=x, idxs=[repr(idx) for idx in idxs])
+    assert len(wants) == len(idxs)
+    for idx, (want_shape, want) in zip(idxs, wants):
         got = ag.tensor(x)[idx].numpy()
-        assert got.shape == want.shape, idx
+        assert got.shape == want_shape == want.shape, idx
         np.testing.assert_array_equal(got, want)
 
 
