@@ -12,6 +12,12 @@ import pytest
 import asyncgrad as ag
 from tests._util import INDEX_ERRORS, vs_torch
 
+
+def _with_inputs(torch_ref: Any, **consts: Any) -> Any:
+    """``torch_ref`` that also records ``consts`` (targets, weights, options the torch side closes over) as
+    the case's inputs: ``vs_torch`` records only the tensors it differentiates."""
+    return lambda key, fn, **inputs: torch_ref(key, fn, **inputs, **consts)
+
 # ---- losses -------------------------------------------------------------------------------------------
 
 CE_CASES = [
@@ -29,8 +35,7 @@ CE_CASES = [
 
 @pytest.mark.parametrize("kw", CE_CASES)
 @pytest.mark.parametrize("shape", [(5, 4), (3, 4, 2, 3), (4,)])
-async def test_cross_entropy(kw: Any, shape: Any, rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_cross_entropy(kw: Any, shape: Any, rng: np.random.Generator, torch_ref) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal(shape)
         c = shape[1] if len(shape) > 1 else shape[0]
@@ -43,10 +48,14 @@ async def test_cross_entropy(kw: Any, shape: Any, rng: np.random.Generator) -> N
         await ag.autograd.gradcheck(
             lambda x: ag.cross_entropy(x, t, aw, **kw), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
         )
-        tw = None if wv is None else torch.tensor(wv)
         await vs_torch(
+            # t flat with its shape: a 0-d array input is recorded as shape (1,) (np.ascontiguousarray)
+            _with_inputs(torch_ref, t=t.reshape(-1), t_shape=t.shape, w=wv, kw=kw),
+            "cross_entropy",
             lambda x: ag.cross_entropy(x, ag.tensor(t), aw, **kw),
-            lambda x: torch.nn.functional.cross_entropy(x, torch.tensor(t), tw, **kw),
+            lambda torch, x: torch.nn.functional.cross_entropy(
+                x, torch.tensor(t), None if wv is None else torch.tensor(wv), **kw
+            ),
             x,
         )
 
@@ -75,10 +84,9 @@ async def test_cross_entropy_fast_path_matches_the_general_one(dtype: str, rng: 
         np.testing.assert_allclose(res[0][1], res[1][1], rtol=tol, atol=tol)
 
 
-async def test_a_loss_written_in_place_keeps_its_gradient_as_in_torch(rng: np.random.Generator) -> None:
+async def test_a_loss_written_in_place_keeps_its_gradient_as_in_torch(rng: np.random.Generator, torch_ref) -> None:
     """The rule reads the softmax beside the loss, not the loss: scaling the loss in place (outside the graph)
     before its backward is allowed, as in PyTorch, and the gradient is the cross-entropy's own."""
-    torch = pytest.importorskip("torch")
     x0, t0 = rng.standard_normal((8, 5)), rng.integers(0, 5, 8)
     async with ag.open_runtime():
         x = ag.tensor(x0, requires_grad=True)
@@ -86,13 +94,18 @@ async def test_a_loss_written_in_place_keeps_its_gradient_as_in_torch(rng: np.ra
         with ag.no_grad():
             loss.mul_(3.0)
         await loss.backward()
-        tx = torch.tensor(x0, requires_grad=True)
-        tl = torch.nn.functional.cross_entropy(tx, torch.tensor(t0))
-        with torch.no_grad():
-            tl.mul_(3.0)
-        tl.backward()
-        np.testing.assert_allclose(loss.item(), tl.item(), rtol=1e-12)
-        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+        def reference(torch: Any) -> Any:
+            tx = torch.tensor(x0, requires_grad=True)
+            tl = torch.nn.functional.cross_entropy(tx, torch.tensor(t0))
+            with torch.no_grad():
+                tl.mul_(3.0)
+            tl.backward()
+            return tl.item(), tx.grad
+
+        tloss, tgrad = torch_ref("in_place_loss", reference, x=x0, t=t0)
+        np.testing.assert_allclose(loss.item(), tloss, rtol=1e-12)
+        np.testing.assert_allclose(x.grad.numpy(), tgrad, rtol=1e-10, atol=1e-12)
 
 
 async def test_a_big_batch_cross_entropy_runs_in_row_slices_with_the_same_values_on_one_or_two_lanes(
@@ -125,13 +138,12 @@ async def test_a_big_batch_cross_entropy_runs_in_row_slices_with_the_same_values
     np.testing.assert_allclose(got[0][1], p / n, rtol=1e-4, atol=1e-9)
 
 
-async def test_cross_entropy_probabilities_and_errors(rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_cross_entropy_probabilities_and_errors(rng: np.random.Generator, torch_ref) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((4, 3, 2))
         p = rng.dirichlet(np.ones(3), (4, 2)).transpose(0, 2, 1)
         wv = rng.uniform(0.5, 2, 3)
-        for kw in [{}, {"label_smoothing": 0.2, "reduction": "sum"}, {"reduction": "none"}]:
+        for i, kw in enumerate([{}, {"label_smoothing": 0.2, "reduction": "sum"}, {"reduction": "none"}]):
             await ag.autograd.gradcheck(
                 lambda x, p, kw=kw: ag.cross_entropy(x, p, ag.tensor(wv), **kw),
                 [x, p],
@@ -141,8 +153,10 @@ async def test_cross_entropy_probabilities_and_errors(rng: np.random.Generator) 
                 seed=7,
             )
             await vs_torch(
+                _with_inputs(torch_ref, w=wv, kw=kw),
+                f"probabilities{i}",
                 lambda x, p, kw=kw: ag.cross_entropy(x, p, ag.tensor(wv), **kw),
-                lambda x, p, kw=kw: torch.nn.functional.cross_entropy(x, p, torch.tensor(wv), **kw),
+                lambda torch, x, p, kw=kw: torch.nn.functional.cross_entropy(x, p, torch.tensor(wv), **kw),
                 x,
                 p,
             )
@@ -158,37 +172,44 @@ async def test_cross_entropy_probabilities_and_errors(rng: np.random.Generator) 
         zt = ag.tensor(z, requires_grad=True)
         loss = ag.cross_entropy(zt, y)
         await loss.backward()
-        tz = torch.tensor(z, requires_grad=True)
-        tl = torch.nn.functional.cross_entropy(tz, torch.tensor(y))
-        tl.backward()
+
+        def reference(torch: Any) -> Any:
+            tz = torch.tensor(z, requires_grad=True)
+            tl = torch.nn.functional.cross_entropy(tz, torch.tensor(y))
+            tl.backward()
+            return tl.item(), tz.grad
+
+        tloss, tgrad = torch_ref("float32_lane", reference, z=z, y=y)
         assert loss.dtype == np.float32 and zt.grad.dtype == np.float32
-        np.testing.assert_allclose(loss.item(), tl.item(), rtol=1e-5)
-        np.testing.assert_allclose(zt.grad.numpy(), tz.grad.numpy(), atol=1e-7)
+        np.testing.assert_allclose(loss.item(), tloss, rtol=1e-5)
+        np.testing.assert_allclose(zt.grad.numpy(), tgrad, atol=1e-7)
 
 
 @pytest.mark.parametrize(
     "kw", [{}, {"reduction": "sum"}, {"reduction": "none"}, {"ignore_index": 0, "weight": True}]
 )
-async def test_nll_loss(kw: Any, rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_nll_loss(kw: Any, rng: np.random.Generator, torch_ref) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((5, 4, 2))
         t = rng.integers(0, 4, (5, 2))
         kw = dict(kw)
         wv = rng.uniform(0.5, 2, 4) if kw.pop("weight", False) else None
-        aw, tw = (None, None) if wv is None else (ag.tensor(wv), torch.tensor(wv))
+        aw = None if wv is None else ag.tensor(wv)
         await ag.autograd.gradcheck(lambda x: ag.nll_loss(x, t, aw, **kw), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         await vs_torch(
+            _with_inputs(torch_ref, t=t, w=wv, kw=kw),
+            "nll_loss",
             lambda x: ag.nll_loss(x, ag.tensor(t), aw, **kw),
-            lambda x: torch.nn.functional.nll_loss(x, torch.tensor(t), tw, **kw),
+            lambda torch, x: torch.nn.functional.nll_loss(
+                x, torch.tensor(t), None if wv is None else torch.tensor(wv), **kw
+            ),
             x,
         )
 
 
 @pytest.mark.filterwarnings("ignore:size_average and reduce args")
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-async def test_mse_loss(reduction: str, rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_mse_loss(reduction: str, rng: np.random.Generator, torch_ref) -> None:
     async with ag.open_runtime():
         x, y, w = rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.uniform(0.1, 1, (3, 4))
         await ag.autograd.gradcheck(
@@ -203,23 +224,26 @@ async def test_mse_loss(reduction: str, rng: np.random.Generator) -> None:
             seed=7,
         )
         await vs_torch(
+            torch_ref,
+            "weighted",
             lambda x, y, w: ag.mse_loss(x, y, reduction=reduction, weight=w),
-            lambda x, y, w: torch.nn.functional.mse_loss(x, y, reduction=reduction, weight=w),
+            lambda torch, x, y, w: torch.nn.functional.mse_loss(x, y, reduction=reduction, weight=w),
             x,
             y,
             w,
         )
         await vs_torch(
+            torch_ref,
+            "size_average",
             lambda x, y: ag.mse_loss(x, y, size_average=False),
-            lambda x, y: torch.nn.functional.mse_loss(x, y, size_average=False),
+            lambda torch, x, y: torch.nn.functional.mse_loss(x, y, size_average=False),
             x,
             y,
         )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-async def test_bce_with_logits(reduction: str, rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_bce_with_logits(reduction: str, rng: np.random.Generator, torch_ref) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((4, 3)) * 3
         x[0, 0] = 40.0  # large logits stay finite
@@ -241,8 +265,10 @@ async def test_bce_with_logits(reduction: str, rng: np.random.Generator) -> None
         )
         # PyTorch gives no gradients for weight and pos_weight: compare with them as constants
         await vs_torch(
+            _with_inputs(torch_ref, w=w, pw=pw),
+            "bce_with_logits",
             lambda x, t: f(x, t, ag.tensor(w), ag.tensor(pw)),
-            lambda x, t: torch.nn.functional.binary_cross_entropy_with_logits(
+            lambda torch, x, t: torch.nn.functional.binary_cross_entropy_with_logits(
                 x, t, torch.tensor(w), reduction=reduction, pos_weight=torch.tensor(pw)
             ),
             x,
@@ -320,23 +346,28 @@ def _outcome(fn: Any, x: Any, t: Any) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("case", TARGETS, ids=lambda c: f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2]))}")
 @pytest.mark.parametrize("name", POINTWISE)
-async def test_pointwise_loss_sizes_and_dtypes_as_torch(rt: Any, name: str, case: Any) -> None:
+async def test_pointwise_loss_sizes_and_dtypes_as_torch(rt: Any, name: str, case: Any, torch_ref) -> None:
     """mse/l1/smooth_l1/huber warn as PyTorch does for a target of another size (and raise its error when
     the shapes don't broadcast), the binary cross-entropies raise its errors; each gives PyTorch's result
     dtype for mixed dtypes, or its error (type and message) where it refuses them; the values agree."""
-    torch = pytest.importorskip("torch")
     xdt, tdt, tshape = case
     r = np.random.default_rng(5)
     xv = r.uniform(0.05, 0.95, (3, 4)) if name == "binary_cross_entropy" else r.standard_normal((3, 4)) * 2
     tv = r.uniform(0, 1, tshape) if tdt.startswith("float") else r.integers(0, 2, tshape)
     xv, tv = xv.astype(xdt), tv.astype(tdt)
-    want = _outcome(_pointwise(torch.nn.functional, name), torch.from_numpy(xv), torch.from_numpy(tv))
+
+    def reference(torch: Any) -> Any:
+        return _outcome(_pointwise(torch.nn.functional, name), torch.from_numpy(xv), torch.from_numpy(tv))
+
+    want = torch_ref("outcome", reference, x=xv, t=tv)
     got = _outcome(_pointwise(ag.nn.functional, name), ag.tensor(xv), ag.tensor(tv))
     if want[0] == "ok":
         assert got[0] == "ok", got
         assert got[1] == want[1]  # the result dtype
         tol = 1e-3 if "float16" in (xdt, tdt) else 1e-5
-        np.testing.assert_allclose(got[2].numpy().astype(np.float64), want[2].double().numpy(), rtol=tol, atol=tol)
+        np.testing.assert_allclose(
+            got[2].numpy().astype(np.float64), np.asarray(want[2]).astype(np.float64), rtol=tol, atol=tol
+        )
         assert got[3] == want[3]  # the warnings
     else:
         assert got == want
