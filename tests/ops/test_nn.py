@@ -1,5 +1,5 @@
 """The nn ops (``ops/_nn.py``): embedding, layer_norm, dropout; gradients against central finite differences
-in float64 (``ag.autograd.gradcheck``), values and gradients against PyTorch where it is installed.
+in float64 (``ag.autograd.gradcheck``), values and gradients against PyTorch (recorded, see tests/_reference.py).
 """
 
 from __future__ import annotations
@@ -15,30 +15,37 @@ from tests._util import INDEX_ERRORS, vs_torch
 # ---- embedding ----------------------------------------------------------------------------------------
 
 
-async def test_embedding(rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_embedding(rng: np.random.Generator, torch_ref: Any) -> None:
     async with ag.open_runtime():
         w = rng.standard_normal((6, 3))
         idx = np.array([[0, 2, 2], [5, 1, 2]])
         await ag.autograd.gradcheck(lambda w: ag.embedding(idx, w), [w], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         # padding_idx and scale_grad_by_freq change the gradient on purpose (no longer the true one)
-        for kw in [
+        for i, kw in enumerate([
             {},
             {"padding_idx": 2},
             {"scale_grad_by_freq": True},
             {"padding_idx": 5, "scale_grad_by_freq": True},
-        ]:
+        ]):
             await vs_torch(
+                torch_ref,
+                f"embedding-{i}",
                 lambda w, kw=kw: ag.embedding(ag.tensor(idx), w, **kw),
-                lambda w, kw=kw: torch.nn.functional.embedding(torch.tensor(idx), w, **kw),
+                lambda torch, w, kw=kw: torch.nn.functional.embedding(torch.tensor(idx), w, **kw),
                 w,
             )
+
         # max_norm renormalises the looked-up rows in place, like PyTorch
-        wa, wt = ag.tensor(w * 3), torch.tensor(w * 3)
+        def reference(torch: Any) -> Any:
+            wt = torch.tensor(w * 3)
+            tout = torch.nn.functional.embedding(torch.tensor(idx), wt, max_norm=1.5)
+            return tout, wt
+
+        tout, wt = torch_ref("embedding_max_norm", reference, w=w, idx=idx)
+        wa = ag.tensor(w * 3)
         out = ag.embedding(idx, wa, max_norm=1.5)
-        tout = torch.nn.functional.embedding(torch.tensor(idx), wt, max_norm=1.5)
-        np.testing.assert_allclose(out.numpy(), tout.numpy(), rtol=1e-12)
-        np.testing.assert_allclose(wa.numpy(), wt.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(out.numpy(), tout, rtol=1e-12)
+        np.testing.assert_allclose(wa.numpy(), wt, rtol=1e-12)
         with pytest.raises(INDEX_ERRORS, match="out of range"):
             ag.embedding(np.array([6]), ag.tensor(w)).numpy()
 
@@ -46,8 +53,7 @@ async def test_embedding(rng: np.random.Generator) -> None:
 # ---- layer_norm --------------------------------------------------------------------------------------
 
 
-async def test_layer_norm(rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_layer_norm(rng: np.random.Generator, torch_ref: Any) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((3, 2, 5))
         w, b = rng.standard_normal(5), rng.standard_normal(5)
@@ -65,17 +71,21 @@ async def test_layer_norm(rng: np.random.Generator) -> None:
         )
         await ag.autograd.gradcheck(lambda x: ag.layer_norm(x, 5), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
         await vs_torch(
+            torch_ref,
+            "layer_norm",
             lambda x, w, b: ag.layer_norm(x, (2, 5), w, b),
-            lambda x, w, b: torch.nn.functional.layer_norm(x, (2, 5), w, b),
+            lambda torch, x, w, b: torch.nn.functional.layer_norm(x, (2, 5), w, b),
             x,
             w2,
             b2,
         )
         big = rng.standard_normal((64, 128)).astype(np.float32)  # float32, on a lane
         out = ag.layer_norm(ag.tensor(big), (128,))
-        ref = torch.nn.functional.layer_norm(torch.tensor(big), (128,))
+        ref = torch_ref(
+            "layer_norm_float32", lambda torch: torch.nn.functional.layer_norm(torch.tensor(big), (128,)), big=big
+        )
         assert out.dtype == np.float32
-        np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=1e-5)
+        np.testing.assert_allclose(out.numpy(), ref, atol=1e-5)
 
 
 # ---- dropout ---------------------------------------------------------------------------------------------
