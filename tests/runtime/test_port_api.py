@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gc
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,14 +134,24 @@ async def test_module_to_forms(rt: ag.Runtime) -> None:
 # ---- Tensor(...) construction ----------------------------------------------------------------------
 
 
-async def test_legacy_constructor(rt: ag.Runtime) -> None:
-    import torch
+async def test_legacy_constructor(rt: ag.Runtime, torch_ref) -> None:
+    cases = [(2, 3), ([1.0, 2.0],), ([[1, 2], [3, 4]],), (), (np.arange(3),)]
 
-    for args in [(2, 3), ([1.0, 2.0],), ([[1, 2], [3, 4]],), (), (np.arange(3),)]:
-        t, r = ag.Tensor(*args), torch.Tensor(*args)
-        assert t.shape == tuple(r.shape) and str(t.dtype) == str(r.dtype).replace("torch.", "")
+    def reference(torch: Any) -> list[Any]:
+        out = []
+        for args in cases:
+            r = torch.Tensor(*args)
+            # torch.Tensor(2, 3) is uninitialised memory: only the values built from data are compared
+            out.append((r.shape, r.dtype, r if args and not isinstance(args[0], int) else None))
+        return out
+
+    wants = torch_ref("legacy_constructor", reference, cases=cases)
+    assert len(wants) == len(cases)
+    for args, (r_shape, r_dtype, r_values) in zip(cases, wants):
+        t = ag.Tensor(*args)
+        assert t.shape == r_shape and str(t.dtype) == r_dtype.replace("torch.", "")
         if args and not isinstance(args[0], int):
-            np.testing.assert_array_equal(t.numpy(), r.numpy())
+            np.testing.assert_array_equal(t.numpy(), r_values)
     assert isinstance(ag.Tensor(2), ag.Tensor) and ag.Tensor(2).requires_grad is False
     with pytest.raises(TypeError, match=r"new\(\): data must be a sequence \(got float\)"):
         ag.Tensor(2.5)
@@ -267,14 +278,18 @@ class _Cube(ag.autograd.Function):
         return g * 3 * x * x
 
 
-async def test_autograd_namespace_against_torch(rt: ag.Runtime) -> None:
-    torch = pytest.importorskip("torch")
+async def test_autograd_namespace_against_torch(rt: ag.Runtime, torch_ref) -> None:
     xv = np.array([0.5, -1.5, 2.0])
     x = ag.tensor(xv, dtype=ag.float64, requires_grad=True)
-    tx = torch.tensor(xv, requires_grad=True)
+
+    def reference(torch: Any) -> Any:
+        tx = torch.tensor(xv, requires_grad=True)
+        (tg,) = torch.autograd.grad((tx.sin() * tx).sum(), [tx], only_inputs=True)
+        return tg
+
     (g,) = await ag.autograd.grad((x.sin() * x).sum(), [x], only_inputs=True)
-    (tg,) = torch.autograd.grad((tx.sin() * tx).sum(), [tx], only_inputs=True)
-    np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1e-14)
+    tg = torch_ref("grad_only_inputs", reference, xv=xv)
+    np.testing.assert_allclose(g.numpy(), tg, rtol=1e-14)
     with pytest.warns(FutureWarning, match="only_inputs argument is deprecated"):
         (g2,) = await ag.autograd.grad((x * x).sum(), [x], only_inputs=False)
     np.testing.assert_allclose(g2.numpy(), 2 * xv)
