@@ -23,14 +23,26 @@ import trio
 import asyncgrad as ag
 from asyncgrad.ops._conv import _argmax_taps, _pool_scatter_kernel, _taps
 from asyncgrad.ops._math import _erf32
-from tests._util import vs_torch
+from tests._util import grads_of, load_state, state_from_torch, vs_torch
 
-torch = pytest.importorskip("torch")
-F = torch.nn.functional
 T = 30  # seconds: every test here runs in well under that
 
 
-def test_erf32_close_to_exact_and_float32() -> None:
+def _with_inputs(torch_ref: Any, **consts: Any) -> Any:
+    """``torch_ref`` that also records ``consts`` (masks, options the torch side closes over) as the case's
+    inputs: ``vs_torch`` records only the tensors it differentiates."""
+    return lambda key, fn, **inputs: torch_ref(key, fn, **inputs, **consts)
+
+
+def _conv_out_hw(torch_ref: Any, x: np.ndarray, w: np.ndarray, kw: Any) -> Any:
+    """PyTorch's conv2d output (height, width) for ``x``, ``w`` and ``kw``."""
+    return torch_ref(
+        "out_hw", lambda torch: tuple(torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), **kw).shape[2:]),
+        x=x, w=w, kw=kw,
+    )
+
+
+def test_erf32_close_to_exact_and_float32(torch_ref) -> None:
     x = np.concatenate([np.linspace(-7, 7, 200001), [0.0, -0.0, np.inf, -np.inf, 1e-30]]).astype(np.float32)
     got = _erf32(x)
     assert got.dtype == np.float32
@@ -39,24 +51,29 @@ def test_erf32_close_to_exact_and_float32() -> None:
     assert got[-3] == 1.0 and got[-2] == -1.0 and abs(got[-1]) < 1e-29
     assert np.isnan(_erf32(np.array([np.nan], np.float32)))[0]
     # as close to torch's own float32 erf as torch is to the exact one
-    assert np.max(np.abs(got - torch.erf(torch.tensor(x)).numpy())) < 6e-7
+    assert np.max(np.abs(got - torch_ref("erf", lambda torch: torch.erf(torch.tensor(x)), x=x))) < 6e-7
 
 
-async def test_gelu_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+async def test_gelu_float32_vs_torch(rt: Any, rng: np.random.Generator, torch_ref) -> None:
     with trio.fail_after(T):
         a = (rng.standard_normal((8, 64)) * 3).astype(np.float32)
         x = ag.tensor(a, requires_grad=True)
         y = ag.nn.functional.gelu(x)
         (g,) = await ag.grad(y.sum(), [x])
-        tx = torch.tensor(a, requires_grad=True)
-        ty = F.gelu(tx)
-        ty.sum().backward()
+
+        def reference(torch: Any) -> Any:
+            tx = torch.tensor(a, requires_grad=True)
+            ty = torch.nn.functional.gelu(tx)
+            ty.sum().backward()
+            return ty.detach(), tx.grad
+
+        ty, tg = torch_ref("gelu", reference, a=a)
         assert y.dtype == np.float32 and g.dtype == np.float32
-        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), atol=2e-6, rtol=1e-5)
-        np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), atol=2e-6, rtol=1e-5)
+        np.testing.assert_allclose(y.numpy(), ty, atol=2e-6, rtol=1e-5)
+        np.testing.assert_allclose(g.numpy(), tg, atol=2e-6, rtol=1e-5)
 
 
-async def test_gelu_float32_backward_from_output_edges(rt: Any, rng: np.random.Generator) -> None:
+async def test_gelu_float32_backward_from_output_edges(rt: Any, rng: np.random.Generator, torch_ref) -> None:
     """The float32 backward reads cdf off the saved output (out / a): zero, denormal and tiny inputs take the
     limit 1/2, large ones saturate; against torch's float64 gradient."""
     with trio.fail_after(T):
@@ -65,10 +82,15 @@ async def test_gelu_float32_backward_from_output_edges(rt: Any, rng: np.random.G
         x = ag.tensor(a, requires_grad=True)
         gw = rng.standard_normal(a.shape).astype(np.float32)
         (g,) = await ag.grad((ag.nn.functional.gelu(x) * ag.tensor(gw)).sum(), [x])
-        tx = torch.tensor(a.astype(np.float64), requires_grad=True)
-        (F.gelu(tx) * torch.tensor(gw.astype(np.float64))).sum().backward()
+
+        def reference(torch: Any) -> Any:
+            tx = torch.tensor(a.astype(np.float64), requires_grad=True)
+            (torch.nn.functional.gelu(tx) * torch.tensor(gw.astype(np.float64))).sum().backward()
+            return tx.grad
+
+        tg = torch_ref("gelu_grad", reference, a=a, gw=gw)
         assert g.dtype == np.float32
-        np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), atol=3e-6, rtol=1e-5)
+        np.testing.assert_allclose(g.numpy(), tg, atol=3e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(16, 2, 16, 16), (256, 65), (40, 3), (5, 7), (64, 1), (33, 256), (8, 300)])
@@ -96,15 +118,15 @@ FEW = [
 
 
 @pytest.mark.parametrize("xs,ws,kw", FEW)
-async def test_conv2d_few_channels_fd(xs: Any, ws: Any, kw: Any, rng: np.random.Generator) -> None:
+async def test_conv2d_few_channels_fd(xs: Any, ws: Any, kw: Any, rng: np.random.Generator, torch_ref) -> None:
     with trio.fail_after(T):
         async with ag.open_runtime():
             x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
             await ag.autograd.gradcheck(
                 lambda x, w, b: ag.conv2d(x, w, b, **kw), [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=3
             )
-            await vs_torch(lambda x, w, b: ag.conv2d(x, w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw),
-                           x, w, b)
+            await vs_torch(_with_inputs(torch_ref, kw=kw), "conv2d", lambda x, w, b: ag.conv2d(x, w, b, **kw),
+                           lambda torch, x, w, b: torch.nn.functional.conv2d(x, w, b, **kw), x, w, b)
 
 
 BLOCKED = [
@@ -118,7 +140,7 @@ BLOCKED = [
 @pytest.mark.parametrize("per_block", [1, 2, 64])
 @pytest.mark.parametrize("xs,ws,kw", BLOCKED)
 async def test_conv2d_nchw_blocked_fd(
-    xs: Any, ws: Any, kw: Any, per_block: int, rng: np.random.Generator, monkeypatch: Any
+    xs: Any, ws: Any, kw: Any, per_block: int, rng: np.random.Generator, monkeypatch: Any, torch_ref
 ) -> None:
     """The image-block NCHW path (forward, input and weight gradients) with blocks of 1, 2 and all images
     (the last block short), on images small enough for a float64 gradcheck."""
@@ -126,7 +148,7 @@ async def test_conv2d_nchw_blocked_fd(
 
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
     k = ws[1] * ws[2] * ws[3]
-    pixels = math.prod(F.conv2d(torch.tensor(x), torch.tensor(w), **kw).shape[2:])
+    pixels = math.prod(_conv_out_hw(torch_ref, x, w, kw))
     monkeypatch.setattr(_conv, "_MIN_PIXELS", 1)
     monkeypatch.setattr(_conv, "_BLOCK_BYTES", per_block * k * pixels * 8)  # the columns of per_block images
     assert _conv._block(xs[0], k * pixels * 8) == min(per_block, xs[0])
@@ -135,8 +157,8 @@ async def test_conv2d_nchw_blocked_fd(
             await ag.autograd.gradcheck(
                 lambda x, w, b: ag.conv2d(x, w, b, **kw), [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=3
             )
-            await vs_torch(lambda x, w, b: ag.conv2d(x, w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw),
-                           x, w, b)
+            await vs_torch(_with_inputs(torch_ref, kw=kw), "conv2d", lambda x, w, b: ag.conv2d(x, w, b, **kw),
+                           lambda torch, x, w, b: torch.nn.functional.conv2d(x, w, b, **kw), x, w, b)
 
 
 SLICED = [
@@ -166,7 +188,7 @@ async def _conv_values(lanes: int, x: np.ndarray, w: np.ndarray, b: np.ndarray, 
 @pytest.mark.parametrize("per_block", [1, 2])
 @pytest.mark.parametrize("xs,ws,kw", SLICED)
 async def test_conv2d_nchw_image_slices_on_two_lanes(
-    xs: Any, ws: Any, kw: Any, per_block: int, rng: np.random.Generator, monkeypatch: Any
+    xs: Any, ws: Any, kw: Any, per_block: int, rng: np.random.Generator, monkeypatch: Any, torch_ref
 ) -> None:
     """The blocked NCHW kernels cut into image slices (every kernel counted as big enough), shared with an
     idle sibling lane: output and gradients equal the one-lane run bit for bit (the weight gradient sums
@@ -176,7 +198,7 @@ async def test_conv2d_nchw_image_slices_on_two_lanes(
 
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
     k = ws[1] * ws[2] * ws[3]
-    pixels = math.prod(F.conv2d(torch.tensor(x), torch.tensor(w), **kw).shape[2:])
+    pixels = math.prod(_conv_out_hw(torch_ref, x, w, kw))
     monkeypatch.setattr(_conv, "_MIN_PIXELS", 1)
     monkeypatch.setattr(_conv, "_BLOCK_BYTES", per_block * k * pixels * 8)
     monkeypatch.setattr(_conv, "_SPLIT_MIN_MACS", 0)
@@ -190,8 +212,12 @@ async def test_conv2d_nchw_image_slices_on_two_lanes(
         _blas.pin_spare_cores(None)
     for a, c in zip(one, two):
         assert a.tobytes() == c.tobytes()
-    ty = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), **kw)
-    np.testing.assert_allclose(one[0], ty.numpy(), rtol=1e-12, atol=1e-12)
+
+    def reference(torch: Any) -> Any:
+        return torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), **kw)
+
+    ty = torch_ref("conv2d", reference, x=x, w=w, b=b, kw=kw)
+    np.testing.assert_allclose(one[0], ty, rtol=1e-12, atol=1e-12)
 
 
 def test_image_slices_are_whole_blocks_covering_the_batch() -> None:
@@ -249,7 +275,7 @@ async def test_run_slices_lends_slices_to_an_idle_lane_on_one_blas_thread() -> N
         assert seen[0][1] == seen[2][1] == 1
 
 
-async def test_conv2d_mnist_conv2_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+async def test_conv2d_mnist_conv2_float32_vs_torch(rt: Any, rng: np.random.Generator, torch_ref) -> None:
     """W9's second MNIST conv (32 -> 64 channels on 26x26, several image blocks) in float32."""
     with trio.fail_after(T):
         xa = rng.standard_normal((6, 32, 26, 26)).astype(np.float32)
@@ -259,16 +285,21 @@ async def test_conv2d_mnist_conv2_float32_vs_torch(rt: Any, rng: np.random.Gener
         y = ag.conv2d(x, w, b)
         ga = rng.standard_normal(y.shape).astype(np.float32)
         grads = await ag.grad((y * ag.tensor(ga)).sum(), [x, w, b])
-        tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (xa, wa, ba))
-        ty = F.conv2d(tx, tw, tb)
-        (ty * torch.tensor(ga)).sum().backward()
+
+        def reference(torch: Any) -> Any:
+            tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (xa, wa, ba))
+            ty = torch.nn.functional.conv2d(tx, tw, tb)
+            (ty * torch.tensor(ga)).sum().backward()
+            return ty.detach(), [t.grad for t in (tx, tw, tb)]
+
+        ty, tgrads = torch_ref("conv2", reference, x=xa, w=wa, b=ba, g=ga)
         assert y.dtype == np.float32 and all(g.dtype == np.float32 for g in grads)
-        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), atol=2e-5, rtol=1e-5)
-        for g, t in zip(grads, (tx, tw, tb)):
-            np.testing.assert_allclose(g.numpy(), t.grad.numpy(), atol=2e-3, rtol=1e-4)
+        np.testing.assert_allclose(y.numpy(), ty, atol=2e-5, rtol=1e-5)
+        for g, tg in zip(grads, tgrads):
+            np.testing.assert_allclose(g.numpy(), tg, atol=2e-3, rtol=1e-4)
 
 
-async def test_conv2d_mnist_conv1_float32_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+async def test_conv2d_mnist_conv1_float32_vs_torch(rt: Any, rng: np.random.Generator, torch_ref) -> None:
     with trio.fail_after(T):
         xa = rng.standard_normal((4, 1, 28, 28)).astype(np.float32)
         wa = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
@@ -276,12 +307,17 @@ async def test_conv2d_mnist_conv1_float32_vs_torch(rt: Any, rng: np.random.Gener
         y = ag.conv2d(x, w)
         ga = rng.standard_normal(y.shape).astype(np.float32)
         (gw,) = await ag.grad((y * ag.tensor(ga)).sum(), [w])
-        tw = torch.tensor(wa, requires_grad=True)
-        ty = F.conv2d(torch.tensor(xa), tw)
-        (ty * torch.tensor(ga)).sum().backward()
+
+        def reference(torch: Any) -> Any:
+            tw = torch.tensor(wa, requires_grad=True)
+            ty = torch.nn.functional.conv2d(torch.tensor(xa), tw)
+            (ty * torch.tensor(ga)).sum().backward()
+            return ty.detach(), tw.grad
+
+        ty, tgw = torch_ref("conv1", reference, x=xa, w=wa, g=ga)
         assert y.dtype == np.float32 and gw.dtype == np.float32
-        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), atol=1e-5, rtol=1e-5)
-        np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), atol=1e-3, rtol=1e-5)
+        np.testing.assert_allclose(y.numpy(), ty, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(gw.numpy(), tgw, atol=1e-3, rtol=1e-5)
 
 
 def _scatter_general(g: np.ndarray, idx: np.ndarray, x_shape: Any, geom: Any) -> np.ndarray:
@@ -341,7 +377,7 @@ def test_max_pool_tiled_backward_matches_general(hw: Any, k: Any, layout: str, r
     assert _max_pool_tiled_backward(xn, g, geom) is None
 
 
-async def test_max_pool2d_and_relu_slices_fd_and_nan(rng: np.random.Generator, monkeypatch: Any) -> None:
+async def test_max_pool2d_and_relu_slices_fd_and_nan(rng: np.random.Generator, monkeypatch: Any, torch_ref) -> None:
     """max_pool2d(x, 2) (forward and the tiling backward) and relu (forward and backward) cut into slices on
     two lanes (every kernel counted as big enough) equal one slice bit for bit; the pool's backward matches
     finite differences (float64) and, for a NaN maximum, PyTorch."""
@@ -370,27 +406,32 @@ async def test_max_pool2d_and_relu_slices_fd_and_nan(rng: np.random.Generator, m
                                                     rtol=1e-5, seed=4)
                         xn = x.copy()
                         xn[1, 0, 2, 3] = np.nan
-                        await vs_torch(lambda x: ag.max_pool2d(x, 2), lambda x: F.max_pool2d(x, 2), xn)
+                        await vs_torch(torch_ref, "max_pool2d_nan", lambda x: ag.max_pool2d(x, 2),
+                                       lambda torch, x: torch.nn.functional.max_pool2d(x, 2), xn)
     finally:
         _blas.pin_spare_cores(None)
     assert got[0].tobytes() == got[2].tobytes() and got[1].tobytes() == got[3].tobytes()
-    ty = F.max_pool2d(F.relu(torch.tensor(x)), 2)
-    np.testing.assert_array_equal(got[0], ty.numpy())
+    ty = torch_ref("relu_max_pool2d",
+                   lambda torch: torch.nn.functional.max_pool2d(torch.nn.functional.relu(torch.tensor(x)), 2), x=x)
+    np.testing.assert_array_equal(got[0], ty)
 
 
-async def test_max_pool2d_tiling_grad_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+async def test_max_pool2d_tiling_grad_vs_torch(rt: Any, rng: np.random.Generator, torch_ref) -> None:
     with trio.fail_after(T):
         x = rng.standard_normal((2, 3, 9, 8))
-        await vs_torch(lambda x: ag.max_pool2d(x, 2), lambda x: F.max_pool2d(x, 2), x)
+        await vs_torch(torch_ref, "max_pool2d", lambda x: ag.max_pool2d(x, 2),
+                       lambda torch, x: torch.nn.functional.max_pool2d(x, 2), x)
 
 
-async def test_layer_norm_backward_fd_and_torch(rt: Any, rng: np.random.Generator) -> None:
+async def test_layer_norm_backward_fd_and_torch(rt: Any, rng: np.random.Generator, torch_ref) -> None:
     with trio.fail_after(T):
         x, w, b = rng.standard_normal((3, 4, 5)), rng.standard_normal((4, 5)), rng.standard_normal((4, 5))
         fn = lambda x, w, b: ag.layer_norm(x, (4, 5), w, b)  # noqa: E731
         await ag.autograd.gradcheck(fn, [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=5)
-        await vs_torch(fn, lambda x, w, b: F.layer_norm(x, (4, 5), w, b), x, w, b)
-        await vs_torch(lambda x: ag.layer_norm(x, (5,)), lambda x: F.layer_norm(x, (5,)), x)
+        await vs_torch(torch_ref, "affine", fn, lambda torch, x, w, b: torch.nn.functional.layer_norm(x, (4, 5), w, b),
+                       x, w, b)
+        await vs_torch(torch_ref, "plain", lambda x: ag.layer_norm(x, (5,)),
+                       lambda torch, x: torch.nn.functional.layer_norm(x, (5,)), x)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -423,7 +464,7 @@ async def test_layer_norm_backward_from_saved_statistics_is_bitwise_the_recomput
 
 
 async def test_layer_norm_output_written_in_place_still_has_its_gradient_as_in_torch(
-    rt: Any, rng: np.random.Generator
+    rt: Any, rng: np.random.Generator, torch_ref
 ) -> None:
     # PyTorch's layer norm saves its statistics, not its output: a later in-place write to the output is
     # allowed, and the gradient is the one of the values before it
@@ -435,18 +476,22 @@ async def test_layer_norm_output_written_in_place_still_has_its_gradient_as_in_t
         with ag.no_grad():
             y.mul_(3.0)
         gx, gw = await ag.grad((z * ag.tensor(wy)).sum() + y.sum(), [x, w])
-        tx, tw = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
-        ty = F.layer_norm(tx, (8,), tw)
-        tz = ty + 0.0
-        with torch.no_grad():
-            ty.mul_(3.0)
-        tgx, tgw = torch.autograd.grad((tz * torch.tensor(wy)).sum() + ty.sum(), [tx, tw])
-        np.testing.assert_allclose(gx.numpy(), tgx.numpy(), atol=1e-10, rtol=1e-9)
-        np.testing.assert_allclose(gw.numpy(), tgw.numpy(), atol=1e-10, rtol=1e-9)
+
+        def reference(torch: Any) -> Any:
+            tx, tw = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+            ty = torch.nn.functional.layer_norm(tx, (8,), tw)
+            tz = ty + 0.0
+            with torch.no_grad():
+                ty.mul_(3.0)
+            return torch.autograd.grad((tz * torch.tensor(wy)).sum() + ty.sum(), [tx, tw])
+
+        tgx, tgw = torch_ref("grads", reference, x=x0, w=w0, wy=wy)
+        np.testing.assert_allclose(gx.numpy(), tgx, atol=1e-10, rtol=1e-9)
+        np.testing.assert_allclose(gw.numpy(), tgw, atol=1e-10, rtol=1e-9)
 
 
 @pytest.mark.parametrize("case", ["causal", "float_mask", "bool_mask"])
-async def test_sdpa_in_place_softmax_vs_torch(case: str, rt: Any, rng: np.random.Generator) -> None:
+async def test_sdpa_in_place_softmax_vs_torch(case: str, rt: Any, rng: np.random.Generator, torch_ref) -> None:
     with trio.fail_after(T):
         q, k, v = (rng.standard_normal((2, 3, 5, 4)) for _ in range(3))
         fm = rng.standard_normal((5, 5))
@@ -459,16 +504,16 @@ async def test_sdpa_in_place_softmax_vs_torch(case: str, rt: Any, rng: np.random
             m = ag.tensor(fm) if case == "float_mask" else ag.tensor(bm)
             return ag.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
 
-        def t(q: Any, k: Any, v: Any) -> Any:
+        def t(torch: Any, q: Any, k: Any, v: Any) -> Any:
             if case == "causal":
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             m = torch.tensor(fm) if case == "float_mask" else torch.tensor(bm)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
 
-        await vs_torch(a, t, q, k, v)
+        await vs_torch(_with_inputs(torch_ref, fm=fm, bm=bm), "sdpa", a, t, q, k, v)
 
 
-async def test_linear_leading_dims_fd_and_float32(rt: Any, rng: np.random.Generator) -> None:
+async def test_linear_leading_dims_fd_and_float32(rt: Any, rng: np.random.Generator, torch_ref) -> None:
     with trio.fail_after(T):
         x, w, b = rng.standard_normal((3, 2, 4)), rng.standard_normal((5, 4)), rng.standard_normal(5)
         await ag.autograd.gradcheck(ag.nn.functional.linear, [x, w, b], eps=1e-6, atol=1e-7, rtol=1e-5, seed=2)
@@ -476,30 +521,40 @@ async def test_linear_leading_dims_fd_and_float32(rt: Any, rng: np.random.Genera
         wt = ag.tensor(w[:, ::-1].astype(np.float32), requires_grad=True)
         y = ag.nn.functional.linear(xt, wt)
         gx, gw = await ag.grad(y.sum(), [xt, wt])
-        txx = torch.tensor(x[:, :, ::-1].astype(np.float32), requires_grad=True)
-        tww = torch.tensor(w[:, ::-1].astype(np.float32), requires_grad=True)
-        ty = F.linear(txx, tww)
-        ty.sum().backward()
+
+        def reference(torch: Any) -> Any:
+            txx = torch.tensor(x[:, :, ::-1].astype(np.float32), requires_grad=True)
+            tww = torch.tensor(w[:, ::-1].astype(np.float32), requires_grad=True)
+            ty = torch.nn.functional.linear(txx, tww)
+            ty.sum().backward()
+            return ty.detach(), txx.grad, tww.grad
+
+        ty, tgx, tgw = torch_ref("linear", reference, x=x, w=w)
         assert y.shape == (3, 2, 5) and gx.shape == (3, 2, 4)
-        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(gx.numpy(), txx.grad.numpy(), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(gw.numpy(), tww.grad.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(y.numpy(), ty, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gx.numpy(), tgx, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gw.numpy(), tgw, rtol=1e-5, atol=1e-5)
 
 
-async def test_lstm_float32_step_vs_torch(rt: Any, rng: np.random.Generator) -> None:
+async def test_lstm_float32_step_vs_torch(rt: Any, rng: np.random.Generator, torch_ref) -> None:
     with trio.fail_after(T):
-        torch.manual_seed(0)
-        tm = torch.nn.LSTM(6, 5, 2)
-        am = ag.nn.LSTM(6, 5, 2)
-        am.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
         xa = rng.standard_normal((7, 3, 6)).astype(np.float32)
+
+        def reference(torch: Any) -> Any:
+            torch.manual_seed(0)
+            tm = torch.nn.LSTM(6, 5, 2)
+            state = state_from_torch(tm)
+            tout, (th, tc) = tm(torch.tensor(xa))
+            ((tout * tout).sum() + tc.sum()).backward()
+            return {"state": state, "out": tout.detach(), "h": th.detach(), "grads": grads_of(tm)}
+
+        want = torch_ref("lstm", reference, x=xa)
+        am = ag.nn.LSTM(6, 5, 2)
+        load_state(am, want["state"])
         out, (h, c) = am(ag.tensor(xa))
-        tout, (th, tc) = tm(torch.tensor(xa))
         loss = (out * out).sum() + c.sum()
         await loss.backward()
-        ((tout * tout).sum() + tc.sum()).backward()
-        np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(h.numpy(), th.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out.numpy(), want["out"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(h.numpy(), want["h"], rtol=1e-5, atol=1e-6)
         for name, p in am.named_parameters():
-            np.testing.assert_allclose(p.grad.numpy(), dict(tm.named_parameters())[name].grad.numpy(),
-                                       rtol=1e-4, atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(p.grad.numpy(), want["grads"][name], rtol=1e-4, atol=1e-5, err_msg=name)
