@@ -19,6 +19,7 @@ LAYERS = [
     ("_openblas_env",),  # imports numpy only, first of all (see its docstring)
     ("actors",),
     ("devices",),
+    ("kernels",),  # compiled kernels and their numpy twins: plain functions on arrays
     ("runtime",),
     ("ops",),
     ("autograd",),
@@ -30,7 +31,7 @@ LAYERS = [
 SIBLINGS = {("nn", "distributed"), ("distributed", "optim"), ("utils", "nn"), ("distributed", "utils")}
 # core layers (runtime, ops, autograd) build on each other's private modules; the layers above them use only
 # the names a package's __init__ exports
-CORE = {"_openblas_env", "actors", "devices", "runtime", "ops", "autograd", "_tensor_methods"}
+CORE = {"_openblas_env", "actors", "devices", "kernels", "runtime", "ops", "autograd", "_tensor_methods"}
 # the one place allowed to load asyncgrad modules lazily: the public face (heavy optional subpackages)
 LAZY = {"asyncgrad/__init__.py"}
 # the one allowed cycle: Device and Stream name each other, one side only for type checking

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels._softmax import above_diagonal, softmax_backward_lastdim_, softmax_lastdim_
 from ..runtime._dispatch import apply
 from ..runtime._factories import default_generator, full, tensor, zeros
 from ..runtime._op import OpError, defop
@@ -24,7 +25,6 @@ from ._elementwise import exp, where
 from ._linalg import matmul
 from ._math import isfinite
 from ._reduce import amax
-from ._rows import row_max, row_sum
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -35,44 +35,42 @@ def _weights(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None, kw: dict[str
     One (..., L, S) buffer: the scores are scaled, masked, shifted, exponentiated and normalised in place.
     """
     s = np.matmul(q, np.swapaxes(k, -1, -2))
-    s *= kw["scale"]
+    scale = kw["scale"]
     if mask is not None:
+        s *= scale
+        scale = 1.0
         if np.broadcast_shapes(mask.shape, s.shape) == s.shape and np.can_cast(mask.dtype, s.dtype, "same_kind"):
             s += mask
         else:
             s = s + mask
-    if kw["causal"]:
-        ll, ss = s.shape[-2:]
-        np.copyto(s, -np.inf, where=_above_diagonal(ll, ss))
-    m = row_max(s)
-    if mask is not None or not np.isfinite(m).all():  # a row may have every key masked: its weights are 0
-        dead = ~np.isfinite(m)
-        if dead.any():
-            m[dead] = 0.0
-    s -= m
-    p = np.exp(s, out=s)
-    tot = row_sum(p)
-    if mask is not None:
-        tot[tot == 0] = 1.0
-    p /= tot
+    if s.dtype in _SOFTMAX_DTYPES and s.flags.c_contiguous:
+        # a row whose keys are all masked gets weights 0 (PyTorch's safe softmax), not 0 / 0
+        p = softmax_lastdim_(s, scale, kw["causal"], zero_dead=mask is not None)
+    else:
+        p = _weights_general(s, scale, mask is not None, kw["causal"])
     pd = p
     if kw["p"] > 0:
         pd = p * _keep(p.shape, kw)
     return p, pd
 
 
-_CAUSAL: dict[tuple[int, int], np.ndarray] = {}
+_SOFTMAX_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _above_diagonal(ll: int, ss: int) -> np.ndarray:
-    """The (L, S) positions a causal query may not see (cached: one per shape, read-only)."""
-    m = _CAUSAL.get((ll, ss))
-    if m is None:
-        m = ~np.tril(np.ones((ll, ss), bool))
-        m.setflags(write=False)
-        if len(_CAUSAL) < 64:
-            _CAUSAL[(ll, ss)] = m
-    return m
+def _weights_general(s: np.ndarray, scale: float, masked: bool, causal: bool) -> np.ndarray:
+    """The softmax of scores of another dtype or layout (a broadcast float mask of a wider dtype)."""
+    if scale != 1.0:
+        s *= scale
+    if causal:
+        np.copyto(s, -np.inf, where=above_diagonal(*s.shape[-2:]))
+    m = np.max(s, axis=-1, keepdims=True)
+    if masked or not np.isfinite(m).all():
+        m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    tot = np.sum(e, axis=-1, keepdims=True)
+    if masked:
+        tot = np.where(tot == 0, 1.0, tot)
+    return e / tot  # type: ignore[no-any-return]
 
 
 def _keep(shape: tuple[int, ...], kw: dict[str, Any]) -> np.ndarray:
@@ -106,9 +104,11 @@ def _sdpa_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tup
     if kw["p"] > 0:
         dp *= _keep(p.shape, kw)
     # softmax backward, in place in dp: ds = p * (dp - sum(dp * p)); masked entries stay 0
-    dot = row_sum(np.multiply(dp, p))
-    dp -= dot
-    dp *= p
+    if dp.dtype == p.dtype and dp.dtype in _SOFTMAX_DTYPES and p.flags.c_contiguous and dp.flags.c_contiguous:
+        softmax_backward_lastdim_(dp, p)
+    else:
+        dp -= np.sum(dp * p, axis=-1, keepdims=True)
+        dp *= p
     ds = dp
     scale = kw["scale"]
     dq = dk = None

@@ -18,13 +18,13 @@ from ..devices import (
     lane_empty,
     run_parts,
 )
+from ..kernels._rows import col_sum
 from ..runtime._dispatch import apply
 from ..runtime._meta import broadcast_shapes
 from ..runtime._op import OpError, defop
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP, register_xp, sum_to
 from ._elementwise import where
-from ._rows import col_sum
 from ._shape import broadcast_to, expand_dims
 
 _meta_cache: dict[tuple[Any, ...], tuple[tuple[int, ...], np.dtype[Any]]] = {}

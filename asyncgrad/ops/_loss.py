@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels._rows import row_max, row_sum
 from ..runtime._dispatch import apply
 from ..runtime._factories import tensor
 from ..runtime._meta import _float_check, _index_arg, broadcast_shapes
@@ -24,7 +25,6 @@ from ..runtime._xp import NP
 from . import _elementwise as _ew
 from ._convert import astype
 from ._nn import log_softmax
-from ._rows import row_max, row_sum
 from ._shape import reshape
 from ._slices import SPLIT_MIN_ELEMENTS, run_slices, sliced_flat, slices
 

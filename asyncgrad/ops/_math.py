@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import erf32
 from ..runtime._dispatch import apply
 from ..runtime._meta import broadcast_shapes
 from ..runtime._op import OpError, defop
@@ -348,57 +349,13 @@ def clamp_max(input: Tensor, max: Any) -> Tensor:
 
 _erf_impl: Any = None
 
-# erf(x) ~ x P(x^2) / Q(x^2) on [-4, 4] (and +-1 beyond), float32 coefficients of Eigen's
-# generic_fast_erf_float: within 5e-7 of the exact value, as close as torch's own float32 erf
-_ERF32_P = tuple(np.float32(c) for c in (
-    -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-    -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02,
-))
-_ERF32_Q = tuple(np.float32(c) for c in (
-    -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-    -1.42647390514189e-02,
-))
-_FOUR32 = np.float32(4.0)
-
-
-def _erf32(x: np.ndarray) -> np.ndarray:
-    """erf of a float32 array in float32, by a rational approximation (a dozen in-place ufuncs).
-
-    scipy's float32 erf costs ~200 ns an element here (it was 2/3 of the char GPT's kernel time through
-    GELU); this runs at ufunc speed.
-    """
-    return _erf32_scaled(np.clip(x, -_FOUR32, _FOUR32), _ERF32_P)
-
-
-def _erf32_scaled(xc: np.ndarray, coeffs: tuple[np.float32, ...]) -> np.ndarray:
-    """``s * erf(xc)`` for ``xc`` clamped to [-4, 4] (overwritten), with ``coeffs`` `_ERF32_P` times ``s``.
-
-    (One clip pass, not minimum + maximum: numpy's float32 minimum/maximum run ~4x slower than a multiply.)"""
-    x2 = xc * xc
-    p = x2 * coeffs[0]
-    p += coeffs[1]
-    for c in coeffs[2:]:
-        p *= x2
-        p += c
-    p *= xc
-    q = np.multiply(x2, _ERF32_Q[0], out=xc)  # (xc is read no more)
-    q += _ERF32_Q[1]
-    for c in _ERF32_Q[2:]:
-        q *= x2
-        q += c
-    p /= q
-    return p
-
-
-# half of `_ERF32_P` (exact: a power of two), for ``erf(x) / 2``
-_ERF32_P_HALF = tuple(np.float32(c * np.float32(0.5)) for c in _ERF32_P)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
-    """Vectorised erf: float32 by `_erf32`; other dtypes by scipy's (exact to the last ulp) when installed,
+    """Vectorised erf: float32 by `kernels.erf32`; other dtypes by scipy's (exact to the last ulp) when installed,
     imported on first use only (importing scipy costs ~0.5 s and ~20 MB, too much for `import asyncgrad`)."""
     if isinstance(x, np.ndarray) and x.dtype == np.float32:
-        return _erf32(x)
+        return erf32(x)
     global _erf_impl
     if _erf_impl is None:
         try:

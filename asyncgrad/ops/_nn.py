@@ -7,6 +7,15 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import (
+    gelu32,
+    gelu32_backward,
+    layer_norm_backward,
+    layer_norm_forward,
+    softmax_backward_lastdim_,
+    softmax_lastdim_,
+)
+from ..kernels._rows import row_max, row_sum
 from ..runtime._dispatch import apply
 from ..runtime._factories import default_generator
 from ..runtime._inplace import inplace
@@ -16,12 +25,16 @@ from ..runtime._row_support import note_rows, untouched_zeros
 from ..runtime._tensor import Tensor
 from ..runtime._xp import NP, register_xp
 from ._index import index_add
-from ._math import _ERF32_P_HALF, _FOUR32, _erf, _erf32_scaled
-from ._rows import const_vector, row_max, row_sum
+from ._math import _erf
+
+# the dtypes of the row kernels (`kernels.layer_norm_forward`, `kernels.softmax_lastdim_`)
+_LN_BLAS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _softmax_kernel(a: np.ndarray, axis: int) -> np.ndarray:
     last = axis in (-1, a.ndim - 1)
+    if last and a.dtype in _LN_BLAS and a.ndim:
+        return softmax_lastdim_(np.array(a, order="C"), zero_dead=False)  # type: ignore[no-any-return]
     z = a - (row_max(a) if last else np.max(a, axis=axis, keepdims=True))
     e = np.exp(z, out=z)
     e /= row_sum(e) if last else np.sum(e, axis=axis, keepdims=True)
@@ -44,6 +57,11 @@ def _softmax_meta(a: Tensor, axis: int) -> tuple[tuple[int, ...], np.dtype[Any]]
 
 def _softmax_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
     ax = kw["axis"]
+    if (
+        xp is NP and ax in (-1, out.ndim - 1) and out.ndim and out.dtype in _LN_BLAS and g.dtype == out.dtype
+        and g.shape == out.shape
+    ):
+        return (softmax_backward_lastdim_(np.array(g, order="C"), np.ascontiguousarray(out)),)
     return (out * (g - xp.sum(g * out, ax, True)),)
 
 
@@ -203,52 +221,24 @@ def _ln_meta(x: Tensor, w: Any, b: Any, axes: tuple[int, ...], eps: float) -> An
     return x.shape, x.dtype
 
 
-_LN_BLAS = (np.dtype(np.float32), np.dtype(np.float64))  # dtypes whose row reductions BLAS runs
-
-
-def _ln_rows(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """``x`` as (rows, normalized size) and the row-mean weights (1/n each, x's dtype).
-
-    Row reductions run as BLAS matrix-vector products with these weights: numpy's reduction over a short
-    last axis runs one inner loop per row (the char GPT's (256, 32) rows: 9.5 us a mean against 1.2)."""
-    n = math.prod(x.shape[axes[0] :])
-    rows = x.reshape(-1, n)
-    return rows, const_vector(n, 1.0 / max(n, 1), x.dtype)
-
-
-def _ln_stats(rows: np.ndarray, mean_w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """The centred rows and each row's 1/std, (rows, 1)."""
-    xc = rows - (rows @ mean_w)[:, None]
-    rstd = np.square(xc) @ mean_w
-    rstd += eps
-    np.sqrt(rstd, out=rstd)
-    np.reciprocal(rstd, out=rstd)
-    return xc, rstd[:, None]
 
 
 def _ln_kernel(x: np.ndarray, w: Any, b: Any, axes: tuple[int, ...], eps: float) -> np.ndarray:
-    if x.dtype not in _LN_BLAS:
+    if x.dtype not in _LN_BLAS or (w is not None and w.dtype != x.dtype) or (b is not None and b.dtype != x.dtype):
         return _ln_kernel_general(x, w, b, axes, eps)
-    rows, mean_w = _ln_rows(x, axes)
+    n = math.prod(x.shape[axes[0] :])
+    rows = np.ascontiguousarray(x.reshape(-1, n))
     # the output is a view into a buffer that also holds each row's mean and 1/std, which the rule reads
-    # instead of computing them again (`_ln_saved`; as PyTorch saves mean and rstd): the same values, by
-    # the same calls as `_ln_stats`
+    # instead of computing them again (`_ln_saved`; as PyTorch saves mean and rstd)
     r, size = rows.shape[0], rows.size
     buf = np.empty(size + 2 * r, x.dtype)
     y = buf[:size].reshape(rows.shape)
-    mean, rstd = buf[size : size + r], buf[size + r :]
-    np.matmul(rows, mean_w, out=mean)
-    np.subtract(rows, mean[:, None], out=y)
-    np.matmul(np.square(y), mean_w, out=rstd)
-    rstd += eps
-    np.sqrt(rstd, out=rstd)
-    np.reciprocal(rstd, out=rstd)
-    y *= rstd[:, None]
-    if w is not None:
-        y *= w.reshape(-1)
-    if b is not None:
-        y += b.reshape(-1)
+    layer_norm_forward(rows, _flat(w), _flat(b), eps, y, buf[size : size + r], buf[size + r :])
     return y.reshape(x.shape)
+
+
+def _flat(t: Any) -> Any:
+    return None if t is None else np.ascontiguousarray(t.reshape(-1))
 
 
 def _ln_saved(out: Any, x: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -298,39 +288,23 @@ def _ln_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple
 def _ln_grads_np(
     g: np.ndarray, x: np.ndarray, w: Any, axes: tuple[int, ...], eps: float, needs: Any, out: Any = None
 ) -> tuple[Any, ...]:
-    """`_ln_rule` on arrays: x's statistics recomputed once, temporaries reused in place, the input's dtype kept
-    (float32 stays float32), and the weight and bias gradients summed over the leading dims here. Row means
-    and the sums over the rows are BLAS matrix-vector products (see `_ln_rows`)."""
-    if x.dtype not in _LN_BLAS or np.result_type(g, x) not in _LN_BLAS:
+    """`_ln_rule` on arrays: one `kernels.layer_norm_backward` over the rows (the forward's statistics read
+    from beside its output when they are there), the input's dtype kept (float32 stays float32), and the
+    weight and bias gradients summed over the leading dims here."""
+    if x.dtype not in _LN_BLAS or g.dtype != x.dtype or (w is not None and w.dtype != x.dtype):
         return _ln_grads_general(g, x, w, axes, eps, needs)
-    rows, mean_w = _ln_rows(x, axes)
+    n = math.prod(x.shape[axes[0] :])
+    rows = np.ascontiguousarray(x.reshape(-1, n))
     saved = None if out is None else _ln_saved(out, x, rows.shape[0])
-    if saved is not None:
-        mean, rstd = saved[0][:, None], saved[1][:, None]
-        xhat = rows - mean
-    else:
-        xhat, rstd = _ln_stats(rows, mean_w, eps)
-    xhat *= rstd
-    gr = g.reshape(rows.shape)
-    lead = axes[0] > 0
-    ones = const_vector(rows.shape[0], 1.0, gr.dtype) if lead else None
-    gx = gw = gb = None
-    if needs[0]:
-        gy = gr * w.reshape(-1) if w is not None else gr
-        m1 = gy @ mean_w
-        t = gy * xhat
-        m2 = t @ mean_w
-        gx = np.multiply(xhat, m2[:, None], out=t)
-        np.subtract(gy, gx, out=gx)
-        gx -= m1[:, None]
-        gx *= rstd
-        gx = gx.reshape(x.shape)
-    if needs[1]:
-        gw = ones @ (gr * xhat) if ones is not None else (gr * xhat).reshape(x.shape)
-        gw = gw.reshape(x.shape[axes[0] :])
-    if needs[2]:
-        gb = (ones @ gr).reshape(x.shape[axes[0] :]) if ones is not None else g
-    return (gx, gw, gb)
+    mean, rstd = saved if saved is not None else (None, None)
+    gx, gw, gb = layer_norm_backward(np.ascontiguousarray(g.reshape(rows.shape)), rows, _flat(w), mean, rstd, eps,
+                                     (bool(needs[0]), bool(needs[1]), bool(needs[2])))
+    ns = x.shape[axes[0] :]
+    return (
+        None if gx is None else gx.reshape(x.shape),
+        None if gw is None else gw.reshape(ns),
+        None if gb is None else gb.reshape(ns),
+    )
 
 
 def _ln_grads_general(
@@ -452,26 +426,9 @@ def _check(approximate: str) -> None:
         raise OpError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
-_GELU_TINY = np.float32(2.0**-100)
-_HALF32, _MINUS_HALF32 = np.float32(0.5), np.float32(-0.5)
-_SQRT1_2_32 = np.float32(math.sqrt(0.5))
-_INV_SQRT_2PI32 = np.float32(0.3989422804014327)
-
-
-def _gelu32(a: np.ndarray) -> np.ndarray:
-    """Exact GELU of a float32 array, ``a (erf(a / sqrt 2) / 2 + 1/2)``: 27 ufunc passes, in place where they
-    can be (the erf's coefficients carry the 1/2; ``a * (1/sqrt 2)`` as torch's kernel computes it)."""
-    u = np.multiply(a, _SQRT1_2_32)
-    np.clip(u, -_FOUR32, _FOUR32, out=u)
-    h = _erf32_scaled(u, _ERF32_P_HALF)
-    h += _HALF32
-    h *= a
-    return h
-
-
 def _gelu_kernel(a: np.ndarray, approximate: str) -> np.ndarray:
     if approximate == "none" and isinstance(a, np.ndarray) and a.dtype == np.float32:
-        return _gelu32(a)
+        return gelu32(a)
     if approximate == "tanh":
         inner = _K * (a + _C * a * a * a)
         return (0.5 * a * (1.0 + np.tanh(inner))).astype(a.dtype, copy=False)
@@ -511,21 +468,11 @@ def _gelu_meta(a: Tensor, approximate: str) -> tuple[tuple[int, ...], np.dtype[A
 
 
 def _gelu_grad_from_out(g: np.ndarray, a: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``g * gelu'(a)`` for float32, exact GELU, reading the saved output: ``gelu'(a) = cdf(a) + a pdf(a)`` with
-    ``cdf(a) = out / a`` (to two float32 roundings), no second erf. It is ~13 ufunc passes instead of ~40
-    (the char GPT's (16, 16, 128) activations: 141 -> ~60 us). Where |a| < 2^-100 (0, and denormal
-    ``out``) cdf is its limit 1/2."""
-    tiny = np.less(np.abs(a), _GELU_TINY)
-    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 where a is 0: replaced just below
-        num = np.divide(out, a)  # cdf
-    np.copyto(num, _HALF32, where=tiny)
-    d = np.multiply(a, a)
-    d *= _MINUS_HALF32
-    np.exp(d, out=d)
-    d *= a
-    d *= _INV_SQRT_2PI32
-    d += num  # cdf + a pdf
-    return np.multiply(g, d, out=d) if g.dtype == d.dtype and g.shape == d.shape else g * d
+    """``g * gelu'(a)`` for float32, exact GELU, reading the saved output (`kernels.gelu32_backward`; ~13 ufunc
+    passes in its numpy twin instead of ~40 through a second erf)."""
+    if g.dtype == np.float32 and g.shape == a.shape:
+        return gelu32_backward(g, a, out)  # type: ignore[no-any-return]
+    return g * gelu32_backward(np.ones_like(a), a, out)
 
 
 def _gelu_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
