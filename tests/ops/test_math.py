@@ -14,8 +14,7 @@ import asyncgrad as ag
 from tests._util import arr, t, vs_torch
 
 
-async def test_clamp(rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_clamp(rng: np.random.Generator, torch_ref: Any) -> None:
     async with ag.open_runtime():
         x = rng.uniform(-2, 2, (4, 5))
         x[np.abs(np.abs(x) - 0.5) < 0.01] = 1.0  # keep FD away from the kinks
@@ -25,7 +24,7 @@ async def test_clamp(rng: np.random.Generator) -> None:
         lo = rng.uniform(-1.5, 0, (1, 5))
         hi = rng.uniform(0, 1.5, (4, 1))
         hi[0, 0] = -1.7  # a row where max < min: the result is max everywhere
-        for a, b in [(lo, hi), (lo, None), (None, hi)]:
+        for i, (a, b) in enumerate([(lo, hi), (lo, None), (None, hi)]):
             ins = [x] + [v for v in (a, b) if v is not None]
 
             def f(x: Any, *bounds: Any, a: Any = a, b: Any = b, mod: Any = ag) -> Any:
@@ -33,7 +32,7 @@ async def test_clamp(rng: np.random.Generator) -> None:
                 return mod.clamp(x, None if a is None else next(it), None if b is None else next(it))
 
             await ag.autograd.gradcheck(f, ins, eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
-            await vs_torch(f, lambda *t, f=f: f(*t, mod=torch), *ins)
+            await vs_torch(torch_ref, f"clamp-{i}", f, lambda torch, *t, f=f: f(*t, mod=torch), *ins)
 
 
 R = np.random.default_rng(77)
