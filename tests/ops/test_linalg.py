@@ -28,12 +28,11 @@ EINSUM_CASES = [
 
 
 @pytest.mark.parametrize("eq,shapes", EINSUM_CASES)
-async def test_einsum(eq: str, shapes: Any, rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_einsum(eq: str, shapes: Any, rng: np.random.Generator, torch_ref: Any) -> None:
     async with ag.open_runtime():
         ins = [rng.standard_normal(s) for s in shapes]
         await ag.autograd.gradcheck(lambda *t: ag.einsum(eq, *t), ins, eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
-        await vs_torch(lambda *t: ag.einsum(eq, *t), lambda *t: torch.einsum(eq, *t), *ins)
+        await vs_torch(torch_ref, "einsum", lambda *t: ag.einsum(eq, *t), lambda torch, *t: torch.einsum(eq, *t), *ins)
 
 
 async def test_matmul_of_mixed_dtypes_is_an_error(rt: Any) -> None:
