@@ -12,21 +12,28 @@ import asyncgrad as ag
 from tests._util import INDEX_ERRORS, arr, t, vs_torch
 
 
-async def test_gather_and_index_select(rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
+async def test_gather_and_index_select(rng: np.random.Generator, torch_ref: Any) -> None:
     async with ag.open_runtime():
         x = rng.standard_normal((4, 5, 3))
         idx = rng.integers(0, 5, (3, 6, 2))  # smaller than x in the other dims; repeats
         await ag.autograd.gradcheck(lambda x: ag.gather(x, 1, idx), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7)
-        await vs_torch(lambda x: x.gather(1, ag.tensor(idx)), lambda x: x.gather(1, torch.tensor(idx)), x)
+        await vs_torch(
+            torch_ref,
+            "gather",
+            lambda x: x.gather(1, ag.tensor(idx)),
+            lambda torch, x: x.gather(1, torch.tensor(idx)),
+            x,
+        )
         sel = np.array([2, 0, 2, 1])
         for dim in (0, 1, -1):
             await ag.autograd.gradcheck(
                 lambda x, d=dim: ag.index_select(x, d, sel % x.shape[d]), [x], eps=1e-6, atol=1e-7, rtol=1e-5, seed=7
             )
             await vs_torch(
+                torch_ref,
+                f"index_select{dim}",
                 lambda x, d=dim: x.index_select(d, ag.tensor(sel % x.shape[d])),
-                lambda x, d=dim: x.index_select(d, torch.tensor(sel % x.shape[d])),
+                lambda torch, x, d=dim: x.index_select(d, torch.tensor(sel % x.shape[d])),
                 x,
             )
         with pytest.raises(INDEX_ERRORS, match="out of bounds"):
