@@ -19,7 +19,7 @@ from . import _openblas_env  # noqa: F401  (first: OpenBLAS's pool spin while th
 # isort: split
 import numpy as np
 
-from . import _tensor_methods, autograd, cuda, distributed, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)
+from . import _tensor_methods, autograd, cuda, nn, ops, optim, runtime, utils  # noqa: F401  (_tensor_methods binds Tensor's methods)
 from .autograd import (
     BackwardError,
     CaptureFallback,
@@ -40,7 +40,7 @@ from .runtime import *  # noqa: F403  (Tensor, the factories, grad modes, Runtim
 from .utils import load, save
 
 if TYPE_CHECKING:
-    from . import hosting
+    from . import distributed, hosting
 
 # dtype names as in PyTorch (``dtype=ag.float32``); any numpy dtype works too. Not in __all__, so that
 # ``from asyncgrad import *`` does not shadow the builtins ``bool`` and ``float``
@@ -80,9 +80,13 @@ __all__ = [
 ]
 
 
+_LAZY = frozenset({"distributed", "hosting"})
+
+
 def __getattr__(name: str) -> Any:
-    # `hosting` pulls in asyncio (~3 MB resident): load it only for programs that use it
-    if name == "hosting":
+    # loaded on first use only: `hosting` pulls in asyncio (~3 MB resident), `distributed` the RPC, wire and
+    # population machinery (a third of `import asyncgrad`'s time), which a single-process program never needs
+    if name in _LAZY:
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

@@ -32,8 +32,9 @@ SIBLINGS = {("nn", "distributed"), ("distributed", "optim"), ("utils", "nn"), ("
 # core layers (runtime, ops, autograd) build on each other's private modules; the layers above them use only
 # the names a package's __init__ exports
 CORE = {"_openblas_env", "actors", "devices", "kernels", "runtime", "ops", "autograd", "_tensor_methods"}
-# the one place allowed to load asyncgrad modules lazily: the public face (heavy optional subpackages)
-LAZY = {"asyncgrad/__init__.py"}
+# the places allowed to load asyncgrad modules lazily: the public face (heavy optional subpackages) and nn's
+# (`nn.parallel`, which builds on the distributed layer)
+LAZY = {"asyncgrad/__init__.py", "asyncgrad/nn/__init__.py"}
 # the one allowed cycle: Device and Stream name each other, one side only for type checking
 TYPE_ONLY_PAIR = {"asyncgrad.devices._device", "asyncgrad.devices._stream"}
 

@@ -13,9 +13,13 @@ Example::
 Modules hold tensors, so build them inside an open runtime (`asyncgrad.run` / `asyncgrad.open_runtime`).
 """
 
+from typing import TYPE_CHECKING, Any
 
-from . import functional, init, parallel
+from . import functional, init
 from . import utils as utils
+
+if TYPE_CHECKING:
+    from . import parallel
 from ._conv_layers import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -150,3 +154,12 @@ __all__ = [
     "utils",
 ]
 
+
+def __getattr__(name: str) -> Any:
+    # `parallel` (DistributedDataParallel) builds on `asyncgrad.distributed`: loaded on first use, so that
+    # `import asyncgrad` does not load the distributed layer
+    if name == "parallel":
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
