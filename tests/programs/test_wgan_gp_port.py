@@ -9,16 +9,13 @@ Noise and interpolation weights are drawn once with numpy and fed to both.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import trio
 
 import asyncgrad as ag
 from asyncgrad import autograd, nn
+from tests._util import load_state, state_from_torch
 
 from ._parity import float64_everywhere, max_rel_diff
-
-torch = pytest.importorskip("torch")
-tnn = torch.nn
 
 Z, HID, BATCH, LAMBDA, N_CRITIC = 4, 32, 16, 10.0, 5
 
@@ -42,7 +39,7 @@ async def _gradient_penalty(netD, real, fake, alpha):  # type: ignore[no-untyped
     return ((gradients.norm(2, dim=1) - 1) ** 2).mean() * LAMBDA
 
 
-def _t_gradient_penalty(netD, real, fake, alpha):  # type: ignore[no-untyped-def]
+def _t_gradient_penalty(torch, netD, real, fake, alpha):  # type: ignore[no-untyped-def]
     interpolates = alpha * real + (1 - alpha) * fake
     interpolates.requires_grad_(True)
     disc_interpolates = netD(interpolates)
@@ -53,28 +50,64 @@ def _t_gradient_penalty(netD, real, fake, alpha):  # type: ignore[no-untyped-def
     return ((gradients.norm(2, dim=1) - 1) ** 2).mean() * LAMBDA
 
 
-async def test_wgan_gp_matches_torch(rt: ag.Runtime) -> None:
+async def test_wgan_gp_matches_torch(rt: ag.Runtime, torch_ref) -> None:
     rng = np.random.default_rng(0)
-    with float64_everywhere(torch):
-        torch.manual_seed(3)
-        tG, tD = _gen(tnn), _critic(tnn)
+    # per generator step: N_CRITIC critic batches (real, noise, alpha), then the generator's noise
+    its = []
+    for _it in range(6):
+        critic = []
+        for _ in range(N_CRITIC):
+            real_np = rng.standard_normal((BATCH, 2)) * 0.5 + np.array([2.0, -1.0])
+            noise_np = rng.standard_normal((BATCH, Z))
+            alpha_np = rng.random((BATCH, 1))
+            critic.append((real_np, noise_np, alpha_np))
+        its.append((critic, rng.standard_normal((BATCH, Z))))
+
+    def reference(torch):
+        tnn = torch.nn
+        with float64_everywhere(torch):
+            torch.manual_seed(3)
+            tG, tD = _gen(tnn), _critic(tnn)
+            state = {"G": state_from_torch(tG), "D": state_from_torch(tD)}
+            toptD = torch.optim.Adam(tD.parameters(), lr=1e-4, betas=(0.5, 0.9), foreach=False)
+            toptG = torch.optim.Adam(tG.parameters(), lr=1e-4, betas=(0.5, 0.9), foreach=False)
+            tlosses = []
+            for critic, gnoise_np in its:
+                for tp in tD.parameters():
+                    tp.requires_grad_(True)
+                for real_np, noise_np, alpha_np in critic:
+                    treal, tnoise, talpha = (torch.from_numpy(a) for a in (real_np, noise_np, alpha_np))
+                    tD.zero_grad()
+                    with torch.no_grad():
+                        tfake = tG(tnoise)
+                    tloss_d = (tD(tfake).mean() - tD(treal).mean()
+                               + _t_gradient_penalty(torch, tD, treal, tfake, talpha))
+                    tloss_d.backward()
+                    toptD.step()
+                    tlosses.append(tloss_d.item())
+                for tp in tD.parameters():
+                    tp.requires_grad_(False)
+                tG.zero_grad()
+                tloss_g = -tD(tG(torch.from_numpy(gnoise_np))).mean()
+                tloss_g.backward()
+                toptG.step()
+                tlosses.append(tloss_g.item())
+            return {"state": state, "losses": tlosses}
+
+    want = torch_ref("wgan_gp", reference, its=its)
+    tlosses = want["losses"]
+    with float64_everywhere():
         G, D = _gen(nn), _critic(nn)
-        G.load_state_dict(tG.state_dict())
-        D.load_state_dict(tD.state_dict())
+        load_state(G, want["state"]["G"])
+        load_state(D, want["state"]["D"])
         optD = ag.optim.Adam(D.parameters(), lr=1e-4, betas=(0.5, 0.9))
         optG = ag.optim.Adam(G.parameters(), lr=1e-4, betas=(0.5, 0.9))
-        toptD = torch.optim.Adam(tD.parameters(), lr=1e-4, betas=(0.5, 0.9), foreach=False)
-        toptG = torch.optim.Adam(tG.parameters(), lr=1e-4, betas=(0.5, 0.9), foreach=False)
-        losses, tlosses, gps = [], [], []
+        losses, gps = [], []
         with trio.fail_after(90):
-            for _it in range(6):
-                for p, tp in zip(D.parameters(), tD.parameters()):
+            for critic, gnoise_np in its:
+                for p in D.parameters():
                     p.requires_grad_(True)
-                    tp.requires_grad_(True)
-                for _ in range(N_CRITIC):
-                    real_np = rng.standard_normal((BATCH, 2)) * 0.5 + np.array([2.0, -1.0])
-                    noise_np = rng.standard_normal((BATCH, Z))
-                    alpha_np = rng.random((BATCH, 1))
+                for real_np, noise_np, alpha_np in critic:
                     real, noise, alpha = ag.tensor(real_np), ag.tensor(noise_np), ag.tensor(alpha_np)
                     D.zero_grad()
                     with ag.no_grad():
@@ -86,29 +119,13 @@ async def test_wgan_gp_matches_torch(rt: ag.Runtime) -> None:
                     optD.step()
                     losses.append(loss_d.item())
                     gps.append(gp.item())
-
-                    treal, tnoise, talpha = (torch.from_numpy(a) for a in (real_np, noise_np, alpha_np))
-                    tD.zero_grad()
-                    with torch.no_grad():
-                        tfake = tG(tnoise)
-                    tloss_d = tD(tfake).mean() - tD(treal).mean() + _t_gradient_penalty(tD, treal, tfake, talpha)
-                    tloss_d.backward()
-                    toptD.step()
-                    tlosses.append(tloss_d.item())
-                for p, tp in zip(D.parameters(), tD.parameters()):
+                for p in D.parameters():
                     p.requires_grad_(False)
-                    tp.requires_grad_(False)
-                noise_np = rng.standard_normal((BATCH, Z))
                 G.zero_grad()
-                loss_g = -D(G(ag.tensor(noise_np))).mean()
+                loss_g = -D(G(ag.tensor(gnoise_np))).mean()
                 await loss_g.backward()
                 optG.step()
                 losses.append(loss_g.item())
-                tG.zero_grad()
-                tloss_g = -tD(tG(torch.from_numpy(noise_np))).mean()
-                tloss_g.backward()
-                toptG.step()
-                tlosses.append(tloss_g.item())
         assert len(losses) == 36 and min(gps) > 0
         diff = max_rel_diff(losses, tlosses)
         print(f"WGAN-GP (create_graph=True penalty), 36 steps: max relative loss difference {diff:.3g}")
