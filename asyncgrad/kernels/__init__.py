@@ -6,6 +6,7 @@ run two of them at once. ``ASYNCGRAD_JIT=0``, or numba not installed, selects th
 then False); each public function here is the compiled kernel or its twin, chosen once at import.
 """
 
+from ._embedding import embedding_scatter_add_ as embedding_scatter_add_
 from ._gelu import erf32 as erf32
 from ._gelu import gelu32 as gelu32
 from ._gelu import gelu32_backward as gelu32_backward
@@ -14,18 +15,23 @@ from ._jit import K as K
 from ._jit import cache_dir as cache_dir
 from ._layer_norm import layer_norm_backward as layer_norm_backward
 from ._layer_norm import layer_norm_forward as layer_norm_forward
+from ._optim import adam_update as adam_update
+from ._optim import sgd_momentum_update as sgd_momentum_update
 from ._softmax import softmax_backward_lastdim_ as softmax_backward_lastdim_
 from ._softmax import softmax_lastdim_ as softmax_lastdim_
 
 __all__ = [
     "JIT",
     "K",
+    "adam_update",
     "cache_dir",
+    "embedding_scatter_add_",
     "erf32",
     "gelu32",
     "gelu32_backward",
     "layer_norm_backward",
     "layer_norm_forward",
+    "sgd_momentum_update",
     "softmax_backward_lastdim_",
     "softmax_lastdim_",
 ]

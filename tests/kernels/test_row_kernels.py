@@ -143,3 +143,17 @@ def test_the_compiled_kernels_release_the_gil() -> None:
         disp = getattr(K, name)
         assert disp.targetoptions.get("nogil") is True, name
         assert type(disp._cache).__name__ != "NullCache", name  # cached on disk
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_embedding_scatter_add_is_np_add_at_bit_for_bit(dtype) -> None:
+    from asyncgrad.kernels import _embedding
+
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 40, 700)
+    g = rng.standard_normal((700, 24)).astype(dtype)
+    zj, zn = np.zeros((50, 24), dtype), np.zeros((50, 24), dtype)
+    rows_j = _embedding._scatter_add_jit(zj, ids, g)
+    rows_n = _embedding._scatter_add_numpy(zn, ids, g)
+    np.testing.assert_array_equal(zj, zn)
+    np.testing.assert_array_equal(rows_j, rows_n)
