@@ -13,7 +13,7 @@ import pytest
 import asyncgrad as ag
 from asyncgrad import nn
 from asyncgrad.nn import functional as F
-from tests._util import torch_or_skip
+from tests._util import state_from_torch
 
 # ---- layers and losses -------------------------------------------------------------------------
 
@@ -244,25 +244,32 @@ async def test_losses_match_numpy() -> None:
 # ---- helpers for PyTorch comparisons ------------------------------------------------------------------
 
 
-async def _compare(ag_fn, torch_fn, arrays, *, grad_idx=None, atol=1e-10, rtol=1e-8):
-    """Run ``ag_fn`` and ``torch_fn`` on float64 copies of ``arrays``; compare values and gradients."""
-    torch = torch_or_skip()
-    grad_idx = range(len(arrays)) if grad_idx is None else grad_idx
+async def _compare(torch_ref, key, ag_fn, torch_fn, arrays, *, grad_idx=None, atol=1e-10, rtol=1e-8, **params):
+    """Run ``ag_fn`` and ``torch_fn(torch, *tensors)`` on float64 copies of ``arrays``; compare values and
+    gradients. The torch side is ``torch_ref``'s value ``key`` (live or recorded); ``params`` are the other
+    values ``torch_fn`` depends on, recorded with the arrays."""
+    grad_idx = list(range(len(arrays)) if grad_idx is None else grad_idx)
+
+    def reference(torch):
+        ts = [torch.tensor(a, dtype=torch.float64, requires_grad=i in grad_idx) for i, a in enumerate(arrays)]
+        tout = torch_fn(torch, *ts)
+        w = np.random.default_rng(7).standard_normal(tuple(tout.shape))
+        tgrads = torch.autograd.grad((tout * torch.tensor(w)).sum(), [ts[i] for i in grad_idx], allow_unused=True)
+        return tout.detach(), list(tgrads)
+
     xs = [ag.tensor(a, dtype=np.float64, requires_grad=i in grad_idx) for i, a in enumerate(arrays)]
-    ts = [torch.tensor(a, dtype=torch.float64, requires_grad=i in grad_idx) for i, a in enumerate(arrays)]
     out = ag_fn(*xs)
-    tout = torch_fn(*ts)
-    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=atol, rtol=rtol)
+    tout, tgrads = torch_ref(key, reference, arrays=list(arrays), grad_idx=grad_idx, **params)
+    np.testing.assert_allclose(out.numpy(), tout, atol=atol, rtol=rtol)
     assert out.dtype == np.float64
     w = np.random.default_rng(7).standard_normal(tuple(out.shape))
     grads = await ag.grad((out * ag.tensor(w)).sum(), [xs[i] for i in grad_idx], allow_unused=True)
-    tgrads = torch.autograd.grad((tout * torch.tensor(w)).sum(), [ts[i] for i in grad_idx], allow_unused=True)
     for i, g, tg in zip(grad_idx, grads, tgrads):
         if tg is None:
             assert g is None or np.all(g.numpy() == 0), f"input {i}"
             continue
         assert g is not None, f"input {i} got no gradient"
-        np.testing.assert_allclose(g.numpy(), tg.numpy(), atol=atol, rtol=rtol, err_msg=f"input {i}")
+        np.testing.assert_allclose(g.numpy(), tg, atol=atol, rtol=rtol, err_msg=f"input {i}")
 
 
 def _x(rng, *shape, scale=3.0):
@@ -274,21 +281,13 @@ def _x(rng, *shape, scale=3.0):
 # ---- BatchNorm -------------------------------------------------------------------------------------------
 
 
-def _copy_to_torch(m, tm) -> None:
-    torch = torch_or_skip()
-    with torch.no_grad():
-        for k, v in m.state_dict().items():
-            tm.state_dict()[k].copy_(torch.from_numpy(np.array(v)))
-
-
-async def _bn_steps(rt, rng, make, tmake, shape, steps=3) -> None:
-    torch = torch_or_skip()
+async def _bn_steps(rt, torch_ref, key, rng, make, tmake, shape, steps=3, **params) -> None:
+    """``make()`` and ``tmake(torch)`` (the torch side: ``torch_ref``'s value ``key``; ``params`` are what
+    ``tmake`` depends on) from the same state, through ``steps`` batches in train and in eval mode:
+    outputs, gradients and the state dicts after each."""
     m = make()
-    tm = tmake()
-    assert repr(m) == repr(tm)
-    assert list(m.state_dict()) == list(tm.state_dict())
+    m_repr, m_keys = repr(m), list(m.state_dict())
     m.double()
-    tm.double()
     if m.weight is not None:  # non-trivial affine parameters, the same in both
         w = rng.uniform(0.5, 1.5, m.num_features)
         b = rng.standard_normal(m.num_features)
@@ -296,27 +295,53 @@ async def _bn_steps(rt, rng, make, tmake, shape, steps=3) -> None:
             m.weight.copy_(w)
             if m.bias is not None:
                 m.bias.copy_(b)
-    _copy_to_torch(m, tm)
-    for step in range(steps):
-        x = rng.standard_normal(shape) * 2 + 1
-        for mode in ("train", "eval"):
+    state0 = {k: np.array(v) for k, v in m.state_dict().items()}
+    xs = [rng.standard_normal(shape) * 2 + 1 for _ in range(steps)]
+    modes = ("train", "eval")
+
+    def reference(torch):
+        tm = tmake(torch)
+        got = {"repr": repr(tm), "state_keys": list(tm.state_dict())}
+        tm.double()
+        with torch.no_grad():
+            for k, v in state0.items():
+                tm.state_dict()[k].copy_(torch.from_numpy(np.array(v)))
+        runs = []
+        for step, x in enumerate(xs):
+            for mode in modes:
+                getattr(tm, mode)()
+                xt = torch.tensor(x, requires_grad=True)
+                tout = tm(xt)
+                g = np.random.default_rng(step).standard_normal(shape)
+                tgrads = torch.autograd.grad((tout * torch.tensor(g)).sum(), [xt, *tm.parameters()])
+                runs.append({"out": tout.detach(), "grads": list(tgrads), "state": state_from_torch(tm)})
+        got["runs"] = runs
+        return got
+
+    # a 0-d array (num_batches_tracked) as its Python scalar: tests/_reference.py stores 0-d arrays with
+    # shape (1,) (np.ascontiguousarray), so a 0-d input would never match its recording
+    recorded_state0 = {k: v.item() if v.ndim == 0 else v for k, v in state0.items()}
+    want = torch_ref(key, reference, state0=recorded_state0, xs=xs, shape=shape, **params)
+    assert m_repr == want["repr"]
+    assert m_keys == want["state_keys"]
+    runs = iter(want["runs"])
+    for step, x in enumerate(xs):
+        for mode in modes:
+            run = next(runs)
             getattr(m, mode)()
-            getattr(tm, mode)()
             xa = ag.tensor(x, requires_grad=True)
-            xt = torch.tensor(x, requires_grad=True)
-            out, tout = m(xa), tm(xt)
-            np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=1e-10, rtol=1e-8)
+            out = m(xa)
+            np.testing.assert_allclose(out.numpy(), run["out"], atol=1e-10, rtol=1e-8)
             g = np.random.default_rng(step).standard_normal(shape)
-            params = [xa, *m.parameters()]
-            tparams = [xt, *tm.parameters()]
-            grads = await ag.grad((out * ag.tensor(g)).sum(), params)
-            tgrads = torch.autograd.grad((tout * torch.tensor(g)).sum(), tparams)
-            for a, t in zip(grads, tgrads):
-                np.testing.assert_allclose(a.numpy(), t.numpy(), atol=1e-10, rtol=1e-8)
-            sd, tsd = m.state_dict(), tm.state_dict()
+            leaves = [xa, *m.parameters()]
+            grads = await ag.grad((out * ag.tensor(g)).sum(), leaves)
+            assert len(grads) == len(run["grads"])
+            for a, t in zip(grads, run["grads"]):
+                np.testing.assert_allclose(a.numpy(), t, atol=1e-10, rtol=1e-8)
+            sd, tsd = m.state_dict(), run["state"]
             for k in tsd:
-                np.testing.assert_allclose(sd[k], tsd[k].numpy(), atol=1e-12, rtol=1e-10, err_msg=f"{k} {mode}")
-                assert sd[k].dtype == tsd[k].numpy().dtype, k
+                np.testing.assert_allclose(sd[k], tsd[k], atol=1e-12, rtol=1e-10, err_msg=f"{k} {mode}")
+                assert sd[k].dtype == tsd[k].dtype, k
 
 
 # ---- activations -----------------------------------------------------------------------------------
@@ -337,12 +362,12 @@ async def _bn_steps(rt, rng, make, tmake, shape, steps=3) -> None:
         ("hardtanh_range", lambda x: F.hardtanh(x, -2.0, 6.0), "F.hardtanh(x, -2.0, 6.0)"),
     ],
 )
-async def test_activation_functionals_vs_torch(rt, rng, name, ag_fn, t_fn) -> None:
-    torch = torch_or_skip()
-    tF = torch.nn.functional
+async def test_activation_functionals_vs_torch(rt, rng, torch_ref, name, ag_fn, t_fn) -> None:
     x = _x(rng, 5, 7)
     x[0, 4:7] = [40.0, -40.0, 1000.0]  # large values: no overflow, no NaN gradient
-    await _compare(ag_fn, lambda t: eval(t_fn, {"F": tF, "x": t}), [x])
+    await _compare(
+        torch_ref, "functional", ag_fn, lambda torch, t: eval(t_fn, {"F": torch.nn.functional, "x": t}), [x], t_fn=t_fn
+    )
 
 
 @pytest.mark.parametrize(
@@ -362,12 +387,11 @@ async def test_activation_functionals_vs_torch(rt, rng, name, ag_fn, t_fn) -> No
         ("nn.Identity()", "nn.Identity()"),
     ],
 )
-async def test_activation_modules_vs_torch(rt, rng, make, tmake) -> None:
-    torch = torch_or_skip()
+async def test_activation_modules_vs_torch(rt, rng, torch_ref, make, tmake) -> None:
     m = eval(make, {"nn": nn})
-    tm = eval(tmake, {"nn": torch.nn})
-    assert repr(m) == repr(tm)
-    await _compare(m, tm, [_x(rng, 4, 6)])
+    assert repr(m) == torch_ref("repr", lambda torch: repr(eval(tmake, {"nn": torch.nn})), tmake=tmake)
+    await _compare(torch_ref, "module", m, lambda torch, t: eval(tmake, {"nn": torch.nn})(t), [_x(rng, 4, 6)],
+                   tmake=tmake)
 
 
 @pytest.mark.parametrize(
@@ -392,11 +416,12 @@ async def test_new_functionals_gradcheck(rt, rng, fn) -> None:
     await ag.autograd.gradcheck(fn, [x], rtol=1e-4)
 
 
-async def test_activation_grad_at_kinks_and_dtype(rt) -> None:
-    torch = torch_or_skip()
+async def test_activation_grad_at_kinks_and_dtype(rt, torch_ref) -> None:
     x = np.array([-1.0, 0.0, 1.0, 6.0, -6.0, 3.0])
     for name in ("leaky_relu", "elu", "relu6", "hardtanh", "silu", "softplus"):
-        await _compare(getattr(F, name), getattr(torch.nn.functional, name), [x])
+        await _compare(
+            torch_ref, name, getattr(F, name), lambda torch, t, name=name: getattr(torch.nn.functional, name)(t), [x]
+        )
     h = ag.tensor([-1.0, 2.0], dtype="float32")
     for f in (F.leaky_relu, F.silu, F.elu, F.softplus, F.relu6, F.hardtanh):
         assert f(h).dtype == np.float32
@@ -406,86 +431,132 @@ async def test_activation_grad_at_kinks_and_dtype(rt) -> None:
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-async def test_regression_losses_vs_torch(rt, rng, reduction) -> None:
-    torch = torch_or_skip()
-    tF = torch.nn.functional
+async def test_regression_losses_vs_torch(rt, rng, torch_ref, reduction) -> None:
     a = rng.standard_normal((4, 5)) * 2
     b = rng.standard_normal((4, 5))
     b[0, 0] = a[0, 0] + 0.5  # inside beta / delta
     await _compare(
-        lambda x, y: F.l1_loss(x, y, reduction=reduction), lambda x, y: tF.l1_loss(x, y, reduction=reduction), [a, b]
+        torch_ref,
+        "l1_loss",
+        lambda x, y: F.l1_loss(x, y, reduction=reduction),
+        lambda torch, x, y: torch.nn.functional.l1_loss(x, y, reduction=reduction),
+        [a, b],
+        reduction=reduction,
     )
     for beta in (1.0, 0.5, 0.0):
         await _compare(
+            torch_ref,
+            f"smooth_l1_loss_beta{beta}",
             lambda x, y, beta=beta: F.smooth_l1_loss(x, y, reduction=reduction, beta=beta),
-            lambda x, y, beta=beta: tF.smooth_l1_loss(x, y, reduction=reduction, beta=beta),
+            lambda torch, x, y, beta=beta: torch.nn.functional.smooth_l1_loss(x, y, reduction=reduction, beta=beta),
             [a, b],
+            reduction=reduction,
+            beta=beta,
         )
     for delta in (1.0, 2.5):
         await _compare(
+            torch_ref,
+            f"huber_loss_delta{delta}",
             lambda x, y, delta=delta: F.huber_loss(x, y, reduction=reduction, delta=delta),
-            lambda x, y, delta=delta: tF.huber_loss(x, y, reduction=reduction, delta=delta),
+            lambda torch, x, y, delta=delta: torch.nn.functional.huber_loss(x, y, reduction=reduction, delta=delta),
             [a, b],
+            reduction=reduction,
+            delta=delta,
         )
     w = rng.uniform(0.1, 2.0, (4, 5))
     await _compare(
+        torch_ref,
+        "l1_loss_weight",
         lambda x, y, ww: F.l1_loss(x, y, reduction=reduction, weight=ww),
-        lambda x, y, ww: tF.l1_loss(x, y, reduction=reduction, weight=ww),
+        lambda torch, x, y, ww: torch.nn.functional.l1_loss(x, y, reduction=reduction, weight=ww),
         [a, b, w],
         grad_idx=[0, 1],
+        reduction=reduction,
     )
     await _compare(
+        torch_ref,
+        "huber_loss_weight",
         lambda x, y, ww: F.huber_loss(x, y, reduction=reduction, delta=0.7, weight=ww),
-        lambda x, y, ww: tF.huber_loss(x, y, reduction=reduction, delta=0.7, weight=ww),
+        lambda torch, x, y, ww: torch.nn.functional.huber_loss(x, y, reduction=reduction, delta=0.7, weight=ww),
         [a, b, w],
         grad_idx=[0, 1],
+        reduction=reduction,
     )
-    for m, tm in (
-        (nn.L1Loss(reduction=reduction), torch.nn.L1Loss(reduction=reduction)),
-        (nn.SmoothL1Loss(reduction=reduction, beta=0.3), torch.nn.SmoothL1Loss(reduction=reduction, beta=0.3)),
-        (nn.HuberLoss(reduction=reduction, delta=0.4), torch.nn.HuberLoss(reduction=reduction, delta=0.4)),
+    for key, m, tmake in (
+        ("L1Loss", nn.L1Loss(reduction=reduction), lambda torch: torch.nn.L1Loss(reduction=reduction)),
+        (
+            "SmoothL1Loss",
+            nn.SmoothL1Loss(reduction=reduction, beta=0.3),
+            lambda torch: torch.nn.SmoothL1Loss(reduction=reduction, beta=0.3),
+        ),
+        (
+            "HuberLoss",
+            nn.HuberLoss(reduction=reduction, delta=0.4),
+            lambda torch: torch.nn.HuberLoss(reduction=reduction, delta=0.4),
+        ),
     ):
-        await _compare(m, tm, [a, b])
+        await _compare(
+            torch_ref, key, m, lambda torch, x, y, tmake=tmake: tmake(torch)(x, y), [a, b], reduction=reduction
+        )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-async def test_bce_vs_torch(rt, rng, reduction) -> None:
-    torch = torch_or_skip()
-    tF = torch.nn.functional
+async def test_bce_vs_torch(rt, rng, torch_ref, reduction) -> None:
     p = rng.uniform(0.02, 0.98, (4, 3))
     t = rng.uniform(0.0, 1.0, (4, 3))
     t[0, 0], t[0, 1] = 0.0, 1.0
     await _compare(
+        torch_ref,
+        "bce",
         lambda x, y: F.binary_cross_entropy(x, y, reduction=reduction),
-        lambda x, y: tF.binary_cross_entropy(x, y, reduction=reduction),
+        lambda torch, x, y: torch.nn.functional.binary_cross_entropy(x, y, reduction=reduction),
         [p, t],
+        reduction=reduction,
     )
     w = rng.uniform(0.5, 2.0, (3,))  # broadcast over the batch
     await _compare(
+        torch_ref,
+        "bce_weight",
         lambda x, y, ww: F.binary_cross_entropy(x, y, weight=ww, reduction=reduction),
-        lambda x, y, ww: tF.binary_cross_entropy(x, y, weight=ww, reduction=reduction),
+        lambda torch, x, y, ww: torch.nn.functional.binary_cross_entropy(x, y, weight=ww, reduction=reduction),
         [p, t, w],
         grad_idx=[0, 1],
+        reduction=reduction,
     )
-    tw = torch.tensor(w)
     m = nn.BCELoss(weight=ag.tensor(w), reduction=reduction)
-    assert list(m.state_dict()) == list(torch.nn.BCELoss(weight=tw).state_dict()) == ["weight"]
-    await _compare(m, torch.nn.BCELoss(weight=tw, reduction=reduction), [p, t])
+    want_keys = torch_ref(
+        "BCELoss_state_keys", lambda torch: list(torch.nn.BCELoss(weight=torch.tensor(w)).state_dict()), w=w
+    )
+    assert list(m.state_dict()) == want_keys == ["weight"]
+    await _compare(
+        torch_ref,
+        "BCELoss",
+        m,
+        lambda torch, x, y: torch.nn.BCELoss(weight=torch.tensor(w), reduction=reduction)(x, y),
+        [p, t],
+        w=w,
+        reduction=reduction,
+    )
 
 
-async def test_bce_clamps_log_at_minus_100(rt) -> None:
-    torch = torch_or_skip()
+async def test_bce_clamps_log_at_minus_100(rt, torch_ref) -> None:
     p = np.array([0.0, 1.0, 0.0, 1.0, 0.5])
     t = np.array([1.0, 0.0, 0.0, 1.0, 1.0])
+
+    def reference(torch):
+        tF = torch.nn.functional
+        values = tF.binary_cross_entropy(torch.tensor(p), torch.tensor(t), reduction="none")
+        tx = torch.tensor(p, requires_grad=True)
+        (tg,) = torch.autograd.grad(tF.binary_cross_entropy(tx, torch.tensor(t), reduction="sum"), [tx])
+        return values, tg
+
+    want, tg = torch_ref("bce_clamped", reference, p=p, t=t)
     out = F.binary_cross_entropy(ag.tensor(p), ag.tensor(t), reduction="none")
-    want = torch.nn.functional.binary_cross_entropy(torch.tensor(p), torch.tensor(t), reduction="none")
-    np.testing.assert_allclose(out.numpy(), want.numpy())
+    np.testing.assert_allclose(out.numpy(), want)
     assert out.numpy()[0] == 100.0
     x = ag.tensor(p, requires_grad=True)
     (g,) = await ag.grad(F.binary_cross_entropy(x, ag.tensor(t), reduction="sum"), [x])
-    tx = torch.tensor(p, requires_grad=True)
-    (tg,) = torch.autograd.grad(torch.nn.functional.binary_cross_entropy(tx, torch.tensor(t), reduction="sum"), [tx])
-    np.testing.assert_allclose(g.numpy(), tg.numpy())
+    np.testing.assert_allclose(g.numpy(), tg)
     with pytest.raises(ValueError, match="target size"):
         F.binary_cross_entropy(ag.tensor(p), ag.tensor(t[:2]))
     with pytest.raises(RuntimeError, match="between 0 and 1"):
@@ -494,9 +565,7 @@ async def test_bce_clamps_log_at_minus_100(rt) -> None:
 
 @pytest.mark.parametrize("reduction", ["mean", "batchmean", "sum", "none"])
 @pytest.mark.parametrize("log_target", [False, True])
-async def test_kl_div_vs_torch(rt, rng, reduction, log_target) -> None:
-    torch = torch_or_skip()
-    tF = torch.nn.functional
+async def test_kl_div_vs_torch(rt, rng, torch_ref, reduction, log_target) -> None:
     logits = rng.standard_normal((3, 5))
     inp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
     q = rng.dirichlet(np.ones(5), size=3)
@@ -505,15 +574,27 @@ async def test_kl_div_vs_torch(rt, rng, reduction, log_target) -> None:
     grad_idx = [0, 1] if log_target else [0]  # torch's target gradient at 0 is -inf
     with pytest.warns(UserWarning) if reduction == "mean" else _nullcontext():
         await _compare(
+            torch_ref,
+            "kl_div",
             lambda x, y: F.kl_div(x, y, reduction=reduction, log_target=log_target),
-            lambda x, y: tF.kl_div(x, y, reduction=reduction, log_target=log_target),
+            lambda torch, x, y: torch.nn.functional.kl_div(x, y, reduction=reduction, log_target=log_target),
             [inp, tgt],
             grad_idx=grad_idx,
+            reduction=reduction,
+            log_target=log_target,
         )
     m = nn.KLDivLoss(reduction=reduction, log_target=log_target)
-    tm = torch.nn.KLDivLoss(reduction=reduction, log_target=log_target)
     with pytest.warns(UserWarning) if reduction == "mean" else _nullcontext():
-        await _compare(m, tm, [inp, tgt], grad_idx=grad_idx)
+        await _compare(
+            torch_ref,
+            "KLDivLoss",
+            m,
+            lambda torch, x, y: torch.nn.KLDivLoss(reduction=reduction, log_target=log_target)(x, y),
+            [inp, tgt],
+            grad_idx=grad_idx,
+            reduction=reduction,
+            log_target=log_target,
+        )
 
 
 async def test_kl_div_target_grad_gradcheck(rt, rng) -> None:
@@ -536,29 +617,36 @@ async def test_loss_gradchecks(rt, rng) -> None:
     await ag.autograd.gradcheck(lambda x, y: F.binary_cross_entropy(x, y), [p, t], rtol=1e-4)
 
 
-async def test_loss_modules_reductions_and_legacy(rt) -> None:
+async def test_loss_modules_reductions_and_legacy(rt, torch_ref) -> None:
     with pytest.raises(ValueError):
         nn.L1Loss(reduction="batchmean")
     assert nn.L1Loss(size_average=False).reduction == "sum"
     assert nn.KLDivLoss(reduction="batchmean").reduction == "batchmean"
     assert nn.NLLLoss().reduction == "mean" and nn.BCEWithLogitsLoss().reduction == "mean"
-    torch = torch_or_skip()
-    for m, tm in ((nn.HuberLoss(), torch.nn.HuberLoss()), (nn.KLDivLoss(), torch.nn.KLDivLoss())):
-        assert repr(m) == repr(tm)
+    want = torch_ref("reprs", lambda torch: [repr(torch.nn.HuberLoss()), repr(torch.nn.KLDivLoss())])
+    assert len(want) == 2
+    for m, tm_repr in zip((nn.HuberLoss(), nn.KLDivLoss()), want):
+        assert repr(m) == tm_repr
 
 
 # ---- one_hot, pad, normalize ------------------------------------------------------------------------
 
 
-async def test_one_hot_vs_torch(rt) -> None:
-    torch = torch_or_skip()
+async def test_one_hot_vs_torch(rt, torch_ref) -> None:
     idx = np.array([[0, 3], [2, 1]], dtype=np.int64)
+
+    def reference(torch):
+        return {
+            "default": torch.nn.functional.one_hot(torch.tensor(idx)),
+            "six": torch.nn.functional.one_hot(torch.tensor(idx), 6),
+        }
+
+    want = torch_ref("one_hot", reference, idx=idx)
     out = F.one_hot(ag.tensor(idx))
-    want = torch.nn.functional.one_hot(torch.tensor(idx))
-    assert out.dtype == np.int64 and out.shape == tuple(want.shape) == (2, 2, 4)
-    np.testing.assert_array_equal(out.numpy(), want.numpy())
+    assert out.dtype == np.int64 and out.shape == tuple(want["default"].shape) == (2, 2, 4)
+    np.testing.assert_array_equal(out.numpy(), want["default"])
     out6 = F.one_hot(ag.tensor(idx), num_classes=6)
-    np.testing.assert_array_equal(out6.numpy(), torch.nn.functional.one_hot(torch.tensor(idx), 6).numpy())
+    np.testing.assert_array_equal(out6.numpy(), want["six"])
     with pytest.raises(RuntimeError, match="smaller than num_classes"):
         F.one_hot(ag.tensor(idx), num_classes=3)
     with pytest.raises(RuntimeError, match="non-negative"):
@@ -570,12 +658,18 @@ async def test_one_hot_vs_torch(rt) -> None:
 @pytest.mark.parametrize(
     "pad", [(1, 2), (0, 1, 2, 0), (1, 1, 1, 1, 1, 1), (-1, 2), (2, -1, -1, 0), (0, 0)]
 )
-async def test_pad_vs_torch(rt, rng, pad) -> None:
-    torch = torch_or_skip()
+async def test_pad_vs_torch(rt, rng, torch_ref, pad) -> None:
     x = rng.standard_normal((2, 3, 4))
-    await _compare(lambda t: F.pad(t, pad), lambda t: torch.nn.functional.pad(t, pad), [x])
     await _compare(
-        lambda t: F.pad(t, pad, value=-2.5), lambda t: torch.nn.functional.pad(t, pad, value=-2.5), [x]
+        torch_ref, "pad", lambda t: F.pad(t, pad), lambda torch, t: torch.nn.functional.pad(t, pad), [x], pad=pad
+    )
+    await _compare(
+        torch_ref,
+        "pad_value",
+        lambda t: F.pad(t, pad, value=-2.5),
+        lambda torch, t: torch.nn.functional.pad(t, pad, value=-2.5),
+        [x],
+        pad=pad,
     )
     with pytest.raises(ValueError):
         F.pad(ag.tensor(x), (1,))
@@ -584,12 +678,17 @@ async def test_pad_vs_torch(rt, rng, pad) -> None:
 
 
 @pytest.mark.parametrize("p, dim", [(2.0, 1), (1.0, 0), (3.0, -1), (2.0, 2)])
-async def test_normalize_vs_torch(rt, rng, p, dim) -> None:
-    torch = torch_or_skip()
+async def test_normalize_vs_torch(rt, rng, torch_ref, p, dim) -> None:
     x = rng.standard_normal((3, 4, 2))
     x[0, :, 0] = 0.0  # a zero vector: the eps clamp
     await _compare(
-        lambda t: F.normalize(t, p=p, dim=dim), lambda t: torch.nn.functional.normalize(t, p=p, dim=dim), [x]
+        torch_ref,
+        "normalize",
+        lambda t: F.normalize(t, p=p, dim=dim),
+        lambda torch, t: torch.nn.functional.normalize(t, p=p, dim=dim),
+        [x],
+        p=p,
+        dim=dim,
     )
 
 
@@ -604,16 +703,20 @@ async def test_normalize_vs_torch(rt, rng, p, dim) -> None:
         {"bias": False},
     ],
 )
-async def test_batchnorm1d_vs_torch(rt, rng, kw) -> None:
-    torch = torch_or_skip()
-    await _bn_steps(rt, rng, lambda: nn.BatchNorm1d(3, **kw), lambda: torch.nn.BatchNorm1d(3, **kw), (5, 3))
-    await _bn_steps(rt, rng, lambda: nn.BatchNorm1d(3, **kw), lambda: torch.nn.BatchNorm1d(3, **kw), (4, 3, 6))
+async def test_batchnorm1d_vs_torch(rt, rng, torch_ref, kw) -> None:
+    for key, shape in (("2d_input", (5, 3)), ("3d_input", (4, 3, 6))):
+        await _bn_steps(
+            rt, torch_ref, key, rng, lambda: nn.BatchNorm1d(3, **kw), lambda torch: torch.nn.BatchNorm1d(3, **kw),
+            shape, kw=kw,
+        )
 
 
 @pytest.mark.parametrize("kw", [{}, {"momentum": None}, {"track_running_stats": False}])
-async def test_batchnorm2d_vs_torch(rt, rng, kw) -> None:
-    torch = torch_or_skip()
-    await _bn_steps(rt, rng, lambda: nn.BatchNorm2d(2, **kw), lambda: torch.nn.BatchNorm2d(2, **kw), (3, 2, 4, 5))
+async def test_batchnorm2d_vs_torch(rt, rng, torch_ref, kw) -> None:
+    await _bn_steps(
+        rt, torch_ref, "batchnorm2d", rng, lambda: nn.BatchNorm2d(2, **kw), lambda torch: torch.nn.BatchNorm2d(2, **kw),
+        (3, 2, 4, 5), kw=kw,
+    )
 
 
 async def test_batchnorm_buffers_errors_and_gradcheck(rt, rng) -> None:
