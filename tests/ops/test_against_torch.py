@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
+from tests._util import output_weights
 
 R = np.random.default_rng(77)
 
@@ -113,19 +114,30 @@ def test_module_functions_and_methods_exist() -> None:
 
 
 @pytest.mark.parametrize("name, fn, inputs", T_CASES, ids=[c[0] for c in T_CASES])
-async def test_against_torch(rt: Any, name: str, fn: Callable[..., Any], inputs: list[np.ndarray]) -> None:
-    torch = pytest.importorskip("torch")
-    xs = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
+async def test_against_torch(
+    rt: Any, torch_ref: Any, name: str, fn: Callable[..., Any], inputs: list[np.ndarray]
+) -> None:
+    # the output weighting w: fixed per output shape (output_weights), so a case's recording does not
+    # depend on which tests ran before it
+    def reference(torch: Any) -> Any:
+        xs = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
+        tout = fn(torch, *xs)
+        want: dict[str, Any] = {"out": tout.detach(), "dtype": tout.dtype, "requires_grad": tout.requires_grad}
+        if tout.requires_grad:
+            w = output_weights(tuple(tout.shape))
+            want["grads"] = list(torch.autograd.grad((tout * torch.tensor(w)).sum(), xs, allow_unused=True))
+        return want
+
+    want = torch_ref("against_torch", reference, inputs=list(inputs))
     ys = [ag.tensor(a, dtype=np.float64, requires_grad=True) for a in inputs]
-    tout, aout = fn(torch, *xs), fn(ag, *ys)
-    np.testing.assert_allclose(aout.numpy(), tout.detach().numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
-    assert aout.numpy().dtype == np.dtype(str(tout.dtype).removeprefix("torch."))
-    if not tout.requires_grad:
+    aout = fn(ag, *ys)
+    np.testing.assert_allclose(aout.numpy(), want["out"], rtol=1e-12, atol=1e-12, err_msg=name)
+    assert aout.numpy().dtype == np.dtype(want["dtype"].removeprefix("torch."))
+    if not want["requires_grad"]:
         return
-    w = R.standard_normal(tuple(tout.shape))
-    tg = torch.autograd.grad((tout * torch.tensor(w)).sum(), xs, allow_unused=True)
+    w = output_weights(aout.shape)
     agg = await ag.grad((aout * ag.tensor(w)).sum(), ys, allow_unused=True)
-    for i, (a, b) in enumerate(zip(agg, tg)):
-        want = np.zeros_like(inputs[i]) if b is None else b.numpy()
+    for i, (a, b) in enumerate(zip(agg, want["grads"])):
+        expected = np.zeros_like(inputs[i]) if b is None else b
         got = np.zeros_like(inputs[i]) if a is None else a.numpy()
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"{name}: gradient of input {i}")
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12, err_msg=f"{name}: gradient of input {i}")
