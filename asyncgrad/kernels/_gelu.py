@@ -94,15 +94,23 @@ def gelu32_forward_flat(a, out):  # type: ignore[no-untyped-def]
 
 
 @K.register
-def gelu32_backward_flat(g, a, out, grad):  # type: ignore[no-untyped-def]
+def gelu32_backward_exp_arg(a, e):  # type: ignore[no-untyped-def]
+    for i in range(a.size):
+        x = a[i]
+        e[i] = (x * x) * _MINUS_HALF32
+
+
+@K.register
+def gelu32_backward_flat(g, a, out, e):  # type: ignore[no-untyped-def]
+    # e holds exp(-a^2 / 2) (numpy's vectorised exp); the result overwrites it
     for i in range(a.size):
         x = a[i]
         if abs(x) < _GELU_TINY:
             cdf = _HALF32
         else:
             cdf = out[i] / x
-        d = np.exp((x * x) * _MINUS_HALF32) * x * _INV_SQRT_2PI32 + cdf
-        grad[i] = g[i] * d
+        d = e[i] * x * _INV_SQRT_2PI32 + cdf
+        e[i] = g[i] * d
 
 
 def _gelu32_jit(a: np.ndarray) -> np.ndarray:
@@ -116,7 +124,10 @@ def _gelu32_backward_jit(g: np.ndarray, a: np.ndarray, out: np.ndarray) -> np.nd
     a, out = np.ascontiguousarray(a), np.ascontiguousarray(out)
     g = np.ascontiguousarray(g)
     grad = np.empty_like(a)
-    K.gelu32_backward_flat(g.reshape(-1), a.reshape(-1), out.reshape(-1), grad.reshape(-1))
+    gf, af = grad.reshape(-1), a.reshape(-1)
+    K.gelu32_backward_exp_arg(af, gf)
+    np.exp(gf, out=gf)  # numpy's SIMD exp: numba's is libm's expf, an element at a time
+    K.gelu32_backward_flat(g.reshape(-1), af, out.reshape(-1), gf)
     return grad
 
 
