@@ -4,8 +4,9 @@
 The numpy twins take ~6 calls a direction (a row max over transposed rows, a broadcast subtraction, exp,
 a BLAS row sum, a broadcast division, and for a causal mask a masked copy of -inf); the compiled forward
 is three calls: a kernel that scales, masks and shifts, numpy's exp (vectorised: numba calls libm's expf
-an element at a time, 5x slower), and a kernel that normalises. A row whose every score is -inf (or whose max is not finite) is shifted by 0, as
-the twins do; ``zero_dead`` then gives it zeros (PyTorch's safe softmax under a mask) instead of 0/0.
+an element at a time, 5x slower), and a kernel that normalises. A row whose every score is -inf (or whose
+max is not finite) is shifted by 0, as the twins do; ``zero_dead`` then gives it zeros (PyTorch's safe
+softmax under a mask) instead of 0/0.
 """
 
 from __future__ import annotations

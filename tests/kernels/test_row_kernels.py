@@ -139,7 +139,7 @@ def test_the_compiled_kernels_release_the_gil() -> None:
     _ln_both(x, None, None)
     _softmax._softmax_jit(x.copy())
     _gelu._gelu32_jit(x)
-    for name in ("ln_forward_rows", "softmax_rows_inplace", "gelu32_forward_flat"):
+    for name in ("ln_forward_rows", "softmax_shift_rows", "softmax_normalize_rows", "gelu32_forward_flat"):
         disp = getattr(K, name)
         assert disp.targetoptions.get("nogil") is True, name
         assert type(disp._cache).__name__ != "NullCache", name  # cached on disk
