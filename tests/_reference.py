@@ -104,11 +104,13 @@ class _Encoder:
 
     def array(self, a: np.ndarray, tag: str) -> dict[str, Any]:
         name = f"{self.prefix}{len(self.arrays)}"
+        # (np.ascontiguousarray makes a 0-d array 1-d: the reshape keeps its shape)
+        a = np.ascontiguousarray(a).reshape(a.shape)
         if a.dtype.kind == "c":
             # safetensors has no complex dtype: the (real, imag) pairs as floats
-            self.arrays[name] = np.ascontiguousarray(a).view(a.real.dtype).copy()
+            self.arrays[name] = a.view(a.real.dtype).copy().reshape(*a.shape, 2)
             return {tag: name, "complex": a.dtype.str}
-        self.arrays[name] = np.ascontiguousarray(a)
+        self.arrays[name] = a
         return {tag: name}
 
     def encode(self, v: Any) -> Any:
@@ -161,7 +163,7 @@ def _decode(v: Any, arrays: dict[str, np.ndarray]) -> Any:
     tag = "$array" if "$array" in v else "$scalar"
     a = arrays[v[tag]]
     if "complex" in v:
-        a = a.view(np.dtype(v["complex"]))
+        a = np.ascontiguousarray(a).view(np.dtype(v["complex"])).reshape(a.shape[:-1])
     a = a.copy()  # writeable, owned by the test
     return a if tag == "$array" else a[()]
 
@@ -172,7 +174,7 @@ def _hashable(k: Any) -> Any:
 
 def _digest(a: np.ndarray) -> str:
     h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-    h.update(np.ascontiguousarray(a).tobytes())
+    h.update(a.tobytes())  # C order whatever the layout
     return h.hexdigest()
 
 

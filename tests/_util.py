@@ -90,6 +90,8 @@ def assert_grads_equal(amod: Any, grads: dict[str, np.ndarray | None], rtol: flo
 def to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, ag.Tensor):
         return x.numpy()
+    if isinstance(x, (np.ndarray, np.generic, int, float, bool)):
+        return np.asarray(x)
     return x.detach().cpu().numpy()
 
 
