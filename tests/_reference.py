@@ -163,7 +163,7 @@ def _decode(v: Any, arrays: dict[str, np.ndarray]) -> Any:
     tag = "$array" if "$array" in v else "$scalar"
     a = arrays[v[tag]]
     if "complex" in v:
-        a = (a[..., 0] + 1j * a[..., 1]).astype(np.dtype(v["complex"]))
+        a = np.asarray(a[..., 0] + 1j * a[..., 1]).astype(np.dtype(v["complex"]))
     a = a.copy()  # writeable, owned by the test
     return a if tag == "$array" else a[()]
 
