@@ -404,11 +404,14 @@ async def test_optimizers_accept_named_parameters(rt, cls_name: str) -> None:
         optim.SGD([{"params": named[:2]}, {"params": [named[2][1]]}], lr=0.1)
 
 
-async def test_named_parameters_match_torch_state_dict(rt) -> None:
-    torch = pytest.importorskip("torch")
-    tm = torch.nn.Linear(3, 2)
-    ts = torch.optim.SGD(tm.named_parameters(), lr=0.1).state_dict()
+async def test_named_parameters_match_torch_state_dict(rt, torch_ref) -> None:
+    def reference(torch):
+        tm = torch.nn.Linear(3, 2)
+        group = torch.optim.SGD(tm.named_parameters(), lr=0.1).state_dict()["param_groups"][0]
+        return {"param_names": group["param_names"], "params": group["params"]}
+
+    ts = torch_ref("sgd_state_dict", reference)
     m = nn.Linear(3, 2)
     s = optim.SGD(m.named_parameters(), lr=0.1).state_dict()
-    assert s["param_groups"][0]["param_names"] == ts["param_groups"][0]["param_names"] == ["weight", "bias"]
-    assert s["param_groups"][0]["params"] == ts["param_groups"][0]["params"]
+    assert s["param_groups"][0]["param_names"] == ts["param_names"] == ["weight", "bias"]
+    assert s["param_groups"][0]["params"] == ts["params"]
