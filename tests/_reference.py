@@ -129,12 +129,13 @@ class _Encoder:
                 return {"$tuple": [int(d) for d in v]}
             if isinstance(v, torch.device):
                 return str(v)
+        # numpy scalars first: np.float64 is also a Python float, and must come back as itself
+        if isinstance(v, np.generic):
+            return self.array(np.asarray(v), "$scalar")
         if v is None or isinstance(v, (bool, int, float, str)):
             return v
         if isinstance(v, np.ndarray):
             return self.array(v, "$array")
-        if isinstance(v, np.generic):
-            return self.array(np.asarray(v), "$scalar")
         if isinstance(v, tuple):
             return {"$tuple": [self.encode(x) for x in v]}
         if isinstance(v, list):
@@ -321,6 +322,8 @@ class TorchRef:
             self._cases[key] = None
             return self._replay(key, inputs)
         live_skeleton, live_arrays = self._run_live(key, fn)
+        # through JSON as a recording goes, so live and replayed results have the same types
+        live_skeleton = json.loads(json.dumps(live_skeleton, allow_nan=True))
         result = _decode(live_skeleton, live_arrays)
         in_skeleton, in_arrays = _encode_inputs(inputs, f"{key}/in")
         self._cases[key] = {"inputs": in_skeleton, "outputs": live_skeleton}
