@@ -1,12 +1,12 @@
 """The W9 kernel fast paths (issue 21): each one against the general path or PyTorch, and its gradient in
 float64 against finite differences where it has one of its own.
 
-- float32 erf (``ops/_math._erf32``, used by GELU) against the exact erf; GELU's float32 backward from its
+- float32 erf (``kernels/_gelu.erf32``, used by GELU) against the exact erf; GELU's float32 backward from its
   saved output;
 - conv2d with 1-3 NCHW input channels (forward and weight gradient as per-image GEMMs), and NCHW inputs
   run image block by image block (forward and both gradients);
 - max_pool2d's backward for tiling windows (stride == kernel), incl. odd sizes, ties and inf gradients;
-- layer_norm's fused numpy backward; the short-row max and sum (``ops/_rows``) of softmax, attention and
+- layer_norm's fused numpy backward; the short-row max and sum (``kernels/_rows``) of softmax, attention and
   cross-entropy; scaled_dot_product_attention's in-place softmax (causal, masks);
 - linear with leading dims (one 2-D GEMM) and the in-place LSTM gates, float32 vs torch.
 """
@@ -21,8 +21,8 @@ import pytest
 import trio
 
 import asyncgrad as ag
+from asyncgrad.kernels._gelu import erf32 as _erf32
 from asyncgrad.ops._conv import _argmax_taps, _pool_scatter_kernel, _taps
-from asyncgrad.ops._math import _erf32
 from tests._util import grads_of, load_state, state_from_torch, vs_torch
 
 T = 30  # seconds: every test here runs in well under that
@@ -95,7 +95,7 @@ async def test_gelu_float32_backward_from_output_edges(rt: Any, rng: np.random.G
 
 @pytest.mark.parametrize("shape", [(16, 2, 16, 16), (256, 65), (40, 3), (5, 7), (64, 1), (33, 256), (8, 300)])
 def test_row_max_and_sum_match_numpy(shape: Any, rng: np.random.Generator) -> None:
-    from asyncgrad.ops._rows import row_max, row_sum
+    from asyncgrad.kernels._rows import row_max, row_sum
 
     for dt in (np.float32, np.float64):
         a = rng.standard_normal(shape).astype(dt)
