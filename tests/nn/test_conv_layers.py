@@ -12,6 +12,7 @@ from asyncgrad.nn import functional as F
 from tests._util import (
     ATOL,
     RTOL,
+    assert_grads_equal,
     grads_of,
     load_state,
     state_from_torch,
@@ -23,20 +24,6 @@ def _leaf(rng: np.random.Generator, shape: tuple) -> tuple[ag.Tensor, np.ndarray
     """A float64 asyncgrad leaf of standard normal values, and the values (what ``pair`` draws)."""
     x = rng.standard_normal(shape)
     return ag.tensor(x, dtype=ag.float64, requires_grad=True), x
-
-
-def _assert_grads_equal(amod, grads: dict) -> None:
-    """Every parameter's ``.grad`` of ``amod`` equals ``grads[name]`` (``grads_of``'s dict): both None, or close.
-    (``tests._util.assert_grads_equal`` as it should be: that one hands the numpy ``grads`` to ``to_numpy``,
-    which takes only asyncgrad and torch tensors.)"""
-    ap = dict(amod.named_parameters())
-    assert list(ap) == list(grads)
-    for k, g in grads.items():
-        if g is None:
-            assert ap[k].grad is None, f"{k}: asyncgrad has a grad, torch has none"
-            continue
-        assert ap[k].grad is not None, f"{k}: torch has a grad, asyncgrad has none"
-        np.testing.assert_allclose(ap[k].grad.numpy(), g, rtol=RTOL, atol=ATOL, err_msg=f"grad of {k}")
 
 
 def _torch_state(torch, sd: dict) -> dict:
@@ -70,7 +57,7 @@ async def _check(torch_ref, am, make_tm, spec, state, ax, x, rng, fwd_kw=None) -
     np.testing.assert_allclose(ay.numpy(), want["y"], rtol=RTOL, atol=ATOL, err_msg="output")
     await (ay * ag.tensor(w)).sum().backward()
     np.testing.assert_allclose(ax.grad.numpy(), want["x_grad"], rtol=RTOL, atol=ATOL, err_msg="input grad")
-    _assert_grads_equal(am, want["grads"])
+    assert_grads_equal(am, want["grads"])
 
 
 def _keyed(torch_ref, prefix: str):
@@ -399,8 +386,7 @@ async def test_conv_forward_errors_as_torch(rt: ag.Runtime, nd: int, shape: tupl
             out["error"] = str(e)
         return out
 
-    # x flat with its shape: a 0-d array input is recorded as shape (1,) (np.ascontiguousarray)
-    want = torch_ref("forward", reference, nd=nd, kw=kw, x=x.reshape(-1), x_shape=x.shape)
+    want = torch_ref("forward", reference, nd=nd, kw=kw, x=x)
     am = getattr(nn, f"Conv{nd}d")(4, 6, 3, dtype=ag.float64, **kw)
     am.load_state_dict(want["state"])
     if want["error"] is not None:
