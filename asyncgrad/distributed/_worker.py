@@ -5,7 +5,8 @@
 Local workers started by `open_workers` run exactly this, with ``--token-file -`` (the secret on stdin).
 The worker also listens on loopback for peers (other connections that prove the same secret); a
 malformed frame on any connection closes that connection only. The worker ends, with exit status 0,
-when its parent asks it to or when the connection to its parent goes away.
+when its parent asks it to (also in answer to its joining, when the parent is closing already) or when
+the connection to its parent goes away.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..runtime import open_runtime, set_default_dtype, set_grad_enabled
 from . import _mesh
 from ._connection import Connection, Listener, client_handshake, connect
 from ._errors import ProtocolError
-from ._peer import HELLO, JOIN, READY, Node, Peer, read_message, send_message, serve_connections, set_node
+from ._peer import HELLO, JOIN, READY, SHUTDOWN, Node, Peer, read_message, send_message, serve_connections, set_node
 from ._wire import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_META_BYTES
 
 log = logging.getLogger("asyncgrad.distributed")
@@ -102,6 +103,8 @@ async def serve(address: str, secret: bytes, name: str | None = None, connect_ti
         await client_handshake(conn, secret)
         send_message(conn, [JOIN, {"name": name, "pid": os.getpid(), "host": socket.gethostname()}])
         msg = await read_message(conn, 60.0)
+        if msg == [SHUTDOWN]:  # the parent closed while this worker started: there is nothing to serve
+            return
         if msg[0] != HELLO or len(msg) != 2 or not isinstance(msg[1], dict):
             raise ProtocolError(f"the parent's answer is not HELLO: {msg!r:.80}")
         config = msg[1]
