@@ -937,9 +937,13 @@ async def serve_connections(
     *,
     limits: dict[str, int],
     on_join: Callable[[Connection, dict[str, Any]], Any] | None = None,
+    closing: Callable[[], bool] | None = None,
 ) -> None:
     """Accept connections for as long as this runs: each must prove the secret, then say who it is: a
-    worker joining (handled by ``on_join``, the parent only) or a peer whose calls we serve."""
+    worker joining (handled by ``on_join``, the parent only) or a peer whose calls we serve.
+
+    ``closing`` (the parent's): while it returns True, a connection that breaks before it introduced
+    itself is no news (the workers still starting were stopped) and is logged at debug level only."""
     async with trio.open_nursery() as nursery:
         while True:
             try:
@@ -950,7 +954,7 @@ async def serve_connections(
             conn = Connection(
                 sock, addr, max_meta_bytes=limits["max_meta_bytes"], max_frame_bytes=limits["max_frame_bytes"]
             )
-            nursery.start_soon(_handle_connection, conn, secret, node, limits, on_join)
+            nursery.start_soon(_handle_connection, conn, secret, node, limits, on_join, closing)
 
 
 async def _handle_connection(
@@ -959,12 +963,15 @@ async def _handle_connection(
     node: Node,
     limits: dict[str, int],
     on_join: Callable[[Connection, dict[str, Any]], Any] | None,
+    closing: Callable[[], bool] | None = None,
 ) -> None:
     try:
         await server_handshake(conn, secret)
     except (AuthenticationError, ConnectionClosed, trio.TooSlowError) as e:
         node.connections_refused += 1
-        log.warning("%s: refused a connection from %s: %s", node.name, conn.peer, e)
+        quiet = isinstance(e, ConnectionClosed) and closing is not None and closing()
+        level = logging.DEBUG if quiet else logging.WARNING
+        log.log(level, "%s: refused a connection from %s: %s", node.name, conn.peer, e)
         conn.close()
         return
     try:
@@ -974,7 +981,9 @@ async def _handle_connection(
             raise ProtocolError(f"a connection that did not introduce itself: {msg!r:.80}")
     except (ProtocolError, ConnectionClosed, trio.TooSlowError) as e:
         node.frames_rejected += 1
-        log.error("%s: closing the connection from %s: %s", node.name, conn.peer, e)
+        quiet = isinstance(e, ConnectionClosed) and closing is not None and closing()
+        level = logging.DEBUG if quiet else logging.ERROR
+        log.log(level, "%s: closing the connection from %s: %s", node.name, conn.peer, e)
         conn.close()
         return
     if msg[0] == JOIN:

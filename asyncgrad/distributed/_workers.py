@@ -213,6 +213,7 @@ class Worker:
         self.host: str | None = None
         self.address: str | None = None
         self._ready = trio.Event()
+        self._joined = False  # it connected and introduced itself (`Workers._on_join` took it)
         self._failed: BaseException | None = None
         self._failure_raised = False
 
@@ -380,6 +381,16 @@ class Workers(Sequence[Worker]):
 
     async def _on_join(self, conn: Connection, info: dict[str, Any]) -> None:
         """A worker connected and proved the secret: send its configuration, wait until it is ready."""
+        if self.closing:
+            # the workers are closing (a replacement the population started just before, a remote worker
+            # late to join): it is not needed, and it leaves at once on this answer (exit status 0)
+            log.debug("a worker joining as %r while the workers close: told to leave", info.get("name"))
+            try:
+                send_message(conn, [SHUTDOWN])
+            except ConnectionClosed:
+                pass
+            conn.close()
+            return
         name = info.get("name")
         w: Worker | None = None
         if isinstance(name, str):  # a local worker we started: its name and process id must match
@@ -389,12 +400,14 @@ class Workers(Sequence[Worker]):
                     pid_ok = cand.process.pid is None or info.get("pid") == cand.process.pid
                     if pid_ok and cand.peer is None:
                         w = cand
+                        w._joined = True
                         if cand.process.pid is None and type(info.get("pid")) is int:
                             cand.process.pid = info["pid"]
                     break
         if w is None and self._expected_remote > 0:
             self._expected_remote -= 1
             w = Worker(self, self._free_name(name), len(self._workers))
+            w._joined = True
             self._workers.append(w)
             self._remote.append(w)
         if w is None:
@@ -418,6 +431,11 @@ class Workers(Sequence[Worker]):
         w.host = ready.get("host") if isinstance(ready.get("host"), str) else None
         w.address = ready.get("address") if isinstance(ready.get("address"), str) else None
         w.peer = Peer(conn, this_node(), w.name, max_inflight_bytes=self._limits["max_inflight_bytes"])
+        if self.closing:  # the workers began to close while it started (`_close` told the others already)
+            try:
+                send_message(conn, [SHUTDOWN])
+            except ConnectionClosed:  # gone already: its supervisor hears of it
+                pass
         _mesh.note_worker(w)  # so its siblings can look its address up
         await self._nursery.start(self._supervise, w)
         w._ready.set()
@@ -477,8 +495,11 @@ class Workers(Sequence[Worker]):
         assert w.process is not None
         code = await w.process.wait()
         if not w._ready.is_set():
-            detail = w.process.detail
-            w._failed = WorkerDied(w.name, code, "before it was ready" + (f": {detail}" if detail else ""))
+            if self.closing:  # stopped by `_close` while it started
+                w._failed = WorkersClosed(f"the workers closed while {w.name} started")
+            else:
+                detail = w.process.detail
+                w._failed = WorkerDied(w.name, code, "before it was ready" + (f": {detail}" if detail else ""))
             w._ready.set()
         elif w.peer is not None and not w.peer.lost.is_set():
             # the process is gone but its connection lingers (should not happen): close it
@@ -516,6 +537,13 @@ class Workers(Sequence[Worker]):
                         send_message(w.peer.conn, [SHUTDOWN])
                     except ConnectionClosed:
                         pass
+                elif w.process is not None and not w._joined and not w.process.ended:
+                    # launched, not joined yet (a replacement for a worker that died, say): it has nothing
+                    # to finish, and nothing can tell it to leave until it has booted (its interpreter
+                    # and imports, a second or more), so stop it now rather than wait for it to join
+                    log.debug("worker %s was still starting when the workers closed: stopping it", w.name)
+                    w.process.kill()
+                # (one that joined and is not ready yet is told to leave by `_on_join` once it is)
             with trio.move_on_after(SHUTDOWN_TIMEOUT):
                 for w in self._workers:
                     if w.process is not None:
@@ -646,9 +674,7 @@ async def open_workers(
         async with trio.open_nursery() as nursery:
             ws._nursery = nursery
             try:
-                nursery.start_soon(
-                    _serve, ws._listener, ws._secret, limits, ws._on_join
-                )
+                nursery.start_soon(_serve, ws)
                 if n:
                     await ws.start(n, start_timeout=start_timeout)
                 else:
@@ -671,8 +697,11 @@ async def open_workers(
             ws._listener.close()
 
 
-async def _serve(listener: Listener, secret: bytes, limits: dict[str, int], on_join: Any) -> None:
-    await serve_connections(listener, secret, this_node(), limits=limits, on_join=on_join)
+async def _serve(ws: Workers) -> None:
+    assert ws._listener is not None
+    await serve_connections(
+        ws._listener, ws._secret, this_node(), limits=ws._limits, on_join=ws._on_join, closing=lambda: ws.closing
+    )
 
 
 def _sole_exception(eg: BaseException) -> BaseException:
