@@ -7,6 +7,7 @@ not installed).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -448,3 +449,38 @@ async def test_a_run_waiting_on_a_dead_worker_is_placed_again(rt1, tmp_path, bac
             stats = pop.statistics()
             assert stats.failed == 1 and stats.retried == 0 and stats.finished == 1
     assert_same_params(v["params"], (await sequential([{**CFG, "seed": 5}]))[0])
+
+
+async def test_the_workers_close_at_once_after_one_died(rt1, backend, caplog) -> None:
+    """Leaving a population whose worker was killed: its replacement is still starting (the population
+    launched it at the death), the healthy worker is running a training; everything ends in well under a
+    second, the healthy worker on its own (exit status 0), and nobody has to be killed for not leaving."""
+    caplog.set_level(logging.WARNING, logger="asyncgrad.distributed")
+    before = children()
+    with trio.fail_after(TIMEOUT):
+        async with dist.open_population(workers=2, backend=backend) as pop:
+            runs = [await pop.start(_pop_fns.sleepy, {"sleep": 60}) for _ in range(2)]
+            for r in runs:
+                async for _ in r.reports():
+                    break  # both workers are running one
+            victim, healthy = pop.workers
+            (on_victim,) = [r for r in runs if r.worker == victim.name]
+            if backend == "ray":
+                import ray
+
+                ray.kill(victim.process.actor)
+            else:
+                os.kill(victim.pid, signal.SIGKILL)
+            with pytest.raises(dist.WorkerDied):
+                await on_victim.result()
+            await trio.sleep(0.1)  # the population has launched a replacement: it is starting now
+            if backend == "local":
+                assert children() - before - {victim.pid, healthy.pid}, "no replacement worker was started"
+            assert victim.name not in pop.statistics().workers
+            t0 = trio.current_time()
+        closed = trio.current_time() - t0
+    assert closed < 1.0, f"closing took {closed:.2f} s"
+    assert healthy.exitcode == 0  # it left on its own
+    assert not [r.getMessage() for r in caplog.records if "did not shut down" in r.getMessage()]
+    if backend == "local":
+        assert children() <= before  # the replacement that was starting is gone (and reaped) too
