@@ -11,8 +11,6 @@ import trio
 
 import asyncgrad as ag
 
-torch = pytest.importorskip("torch")
-
 STEPS = 20
 RTOL = 1e-10
 
@@ -45,63 +43,98 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture
 def float64_defaults():  # type: ignore[no-untyped-def]
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
+    # asyncgrad's default here; torch's is set inside the recorded function (_run_both's float64)
     ag.set_default_dtype(ag.float64)
     yield
-    torch.set_default_dtype(old)
     ag.set_default_dtype(ag.float32)
 
 
-def _run_both(name: str, kw: dict, seed: int) -> float:
+def _draws(seed: int) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+    """The initial parameters and each step's gradients, drawn in the order the steps use them."""
     rng = np.random.default_rng(seed)
     init = _params(rng)
-    ours = [ag.tensor(a, requires_grad=True) for a in init]
-    theirs = [torch.tensor(a, requires_grad=True) for a in init]
-    opt = getattr(ag.optim, name)(ours, **kw)
-    topt = getattr(torch.optim, name)(theirs, foreach=False, **kw)
-    worst = 0.0
+    grads = []
     for _ in range(STEPS):
-        for p, tp in zip(ours, theirs):
-            g = rng.standard_normal(p.shape)
+        step = []
+        for a in init:
+            g = rng.standard_normal(a.shape)
             if rng.random() < 0.3:
                 g = -g  # sign flips: Rprop's both branches
-            p.grad = ag.tensor(g)
+            step.append(g)
+        grads.append(step)
+    return init, grads
+
+
+def _torch_steps(torch: Any, name: str, kw: dict, init: list, grads: list, float64: bool) -> dict:
+    """torch.optim's parameters after each step, and its final state (tensors and scalars) per parameter."""
+    torch.set_default_dtype(torch.float64 if float64 else torch.float32)
+    theirs = [torch.tensor(a, requires_grad=True) for a in init]
+    topt = getattr(torch.optim, name)(theirs, foreach=False, **kw)
+    params = []
+    for step in grads:
+        for tp, g in zip(theirs, step):
             tp.grad = torch.tensor(g)
-        opt.step()
         topt.step()
-        for p, tp in zip(ours, theirs):
-            worst = max(worst, _rel(p.numpy(), tp.detach().numpy()))
-    for p, tp in zip(ours, theirs):
-        for k, v in topt.state[tp].items():
+        params.append([tp.detach().clone() for tp in theirs])
+    state = [
+        {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in topt.state[tp].items()} for tp in theirs
+    ]
+    return {"params": params, "state": state}
+
+
+def _run_both(torch_ref: Any, name: str, kw: dict, seed: int, float64: bool) -> float:
+    init, grads = _draws(seed)
+    want = torch_ref(
+        "steps",
+        lambda torch: _torch_steps(torch, name, kw, init, grads, float64),
+        name=name, kw=kw, seed=seed, float64=float64, init=init, grads=grads,
+    )
+    ours = [ag.tensor(a, requires_grad=True) for a in init]
+    opt = getattr(ag.optim, name)(ours, **kw)
+    worst = 0.0
+    for step, tparams in zip(grads, want["params"], strict=True):
+        for p, g in zip(ours, step):
+            p.grad = ag.tensor(g)
+        opt.step()
+        for p, tp in zip(ours, tparams):
+            worst = max(worst, _rel(p.numpy(), tp))
+    for p, tstate in zip(ours, want["state"]):
+        for k, v in tstate.items():
             mine = opt.state[p][k]
-            if isinstance(v, torch.Tensor) and v.ndim > 0:
-                worst = max(worst, _rel(np.asarray(mine), v.numpy()))
+            if isinstance(v, np.ndarray) and v.ndim > 0:
+                worst = max(worst, _rel(np.asarray(mine), v))
             else:
                 assert float(mine) == pytest.approx(float(v), rel=1e-12), (k, mine, v)
     return worst
 
 
 @pytest.mark.parametrize(("name", "kw"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
-async def test_twenty_steps_match_torch(rt: ag.Runtime, float64_defaults: None, name: str, kw: dict) -> None:
-    worst = _run_both(name, kw, seed=len(name) + len(kw))
+async def test_twenty_steps_match_torch(
+    rt: ag.Runtime, torch_ref: Any, float64_defaults: None, name: str, kw: dict
+) -> None:
+    worst = _run_both(torch_ref, name, kw, seed=len(name) + len(kw), float64=True)
     assert worst <= RTOL, f"{name}{kw}: max relative difference {worst:.3g}"
 
 
 @pytest.mark.parametrize("name", ["ASGD", "NAdam"])
-async def test_scalar_state_rounding_as_torch_with_float32_default(rt: ag.Runtime, name: str) -> None:
+async def test_scalar_state_rounding_as_torch_with_float32_default(rt: ag.Runtime, torch_ref: Any, name: str) -> None:
     # PyTorch keeps ASGD's eta/mu and NAdam's mu_product as float32 scalars under the float32 default
     kw = {"lr": 0.05, "t0": 3} if name == "ASGD" else {"lr": 0.01}
-    assert _run_both(name, kw, seed=3) <= RTOL
+    assert _run_both(torch_ref, name, kw, seed=3, float64=False) <= RTOL
 
 
-async def test_state_is_a_defaultdict_and_defaults_match_torch(rt: ag.Runtime) -> None:
+async def test_state_is_a_defaultdict_and_defaults_match_torch(rt: ag.Runtime, torch_ref: Any) -> None:
+    names = ("Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "LBFGS")
+
+    def reference(torch: Any) -> dict:
+        tp = torch.zeros(2, requires_grad=True)
+        return {name: dict(getattr(torch.optim, name)([tp]).defaults) for name in names}
+
+    tdefaults = torch_ref("defaults", reference, names=names)
     p = ag.zeros(2, requires_grad=True)
-    tp = torch.zeros(2, requires_grad=True)
-    for name in ("Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "LBFGS"):
+    for name in names:
         opt = getattr(ag.optim, name)([p])
-        topt = getattr(torch.optim, name)([tp])
-        for k, v in topt.defaults.items():
+        for k, v in tdefaults[name].items():
             if k in opt.defaults and k not in ("foreach", "differentiable", "capturable", "fused"):
                 assert opt.defaults[k] == (tuple(v) if isinstance(v, list) else v), (name, k)
         q = ag.zeros(3, requires_grad=True)
@@ -141,23 +174,38 @@ def _rosen_np(x: np.ndarray) -> float:
 
 @pytest.mark.parametrize("line_search", [None, "strong_wolfe"])
 @pytest.mark.parametrize("async_closure", [True, False])
-async def test_lbfgs_matches_torch(rt: ag.Runtime, line_search: str | None, async_closure: bool) -> None:
+async def test_lbfgs_matches_torch(
+    rt: ag.Runtime, torch_ref: Any, line_search: str | None, async_closure: bool
+) -> None:
     x0 = np.array([-1.2, 1.0, -0.5, 0.8, 1.3])
     w0 = np.array([[0.3, -0.2], [0.1, 0.4]])
     a = ag.tensor(x0, dtype=ag.float64, requires_grad=True)
     w = ag.tensor(w0, dtype=ag.float64, requires_grad=True)
-    ta = torch.tensor(x0, requires_grad=True)
-    tw = torch.tensor(w0, requires_grad=True)
     kw: dict[str, Any] = {"lr": 1, "max_iter": 10, "history_size": 5, "line_search_fn": line_search}
     if line_search is None:
         kw["lr"] = 0.05
-    opt = ag.optim.LBFGS([a, w], **kw)
-    topt = torch.optim.LBFGS([ta, tw], **kw)
     calls = 0
 
     def f(x, m, lib):  # type: ignore[no-untyped-def]
         r = (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
         return r + ((m @ m.T) ** 2).sum() + (m.sum() - 1) ** 2
+
+    def reference(torch):  # type: ignore[no-untyped-def]
+        ta = torch.tensor(x0, requires_grad=True)
+        tw = torch.tensor(w0, requires_grad=True)
+        topt = torch.optim.LBFGS([ta, tw], **kw)
+
+        def tclosure():  # type: ignore[no-untyped-def]
+            topt.zero_grad()
+            loss = f(ta, tw, torch)
+            loss.backward()
+            return loss
+
+        tlosses = [float(topt.step(tclosure)) for _ in range(4)]
+        return {"losses": tlosses, "func_evals": topt.state[ta]["func_evals"], "a": ta.detach(), "w": tw.detach()}
+
+    want = torch_ref("lbfgs", reference, x0=x0, w0=w0, kw=kw)
+    opt = ag.optim.LBFGS([a, w], **kw)
 
     async def aclosure():  # type: ignore[no-untyped-def]
         nonlocal calls
@@ -165,12 +213,6 @@ async def test_lbfgs_matches_torch(rt: ag.Runtime, line_search: str | None, asyn
         opt.zero_grad()
         loss = f(a, w, ag)
         await loss.backward()
-        return loss
-
-    def tclosure():  # type: ignore[no-untyped-def]
-        topt.zero_grad()
-        loss = f(ta, tw, torch)
-        loss.backward()
         return loss
 
     pending: list = []
@@ -185,14 +227,13 @@ async def test_lbfgs_matches_torch(rt: ag.Runtime, line_search: str | None, asyn
         pending.append(loss)
         return _Awaitable(loss)
 
-    losses, tlosses = [], []
+    losses = []
     with trio.fail_after(60):
         for _ in range(4):
             losses.append(float(await opt.step(aclosure if async_closure else sclosure)))
-            tlosses.append(float(topt.step(tclosure)))
-    assert calls == topt.state[ta]["func_evals"] == opt.state[a]["func_evals"]
-    np.testing.assert_allclose(losses, tlosses, rtol=1e-9)
-    worst = max(_rel(a.numpy(), ta.detach().numpy()), _rel(w.numpy(), tw.detach().numpy()))
+    assert calls == want["func_evals"] == opt.state[a]["func_evals"]
+    np.testing.assert_allclose(losses, want["losses"], rtol=1e-9)
+    worst = max(_rel(a.numpy(), want["a"]), _rel(w.numpy(), want["w"]))
     print(f"LBFGS line_search={line_search} async={async_closure}: {calls} closure calls, params rel diff {worst:.3g}")
     assert worst <= RTOL
     assert losses[-1] < losses[0]
