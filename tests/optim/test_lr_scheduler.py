@@ -72,17 +72,23 @@ SCHEDULERS = {
 }
 
 
-def _opt_pair(torch, kind: str):
-    """The same two-group optimizer in PyTorch and here (lr 0.1 and 0.05)."""
-    tp = [torch.zeros(3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+def _groups(ps):
+    return [{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.05}]
+
+
+def _ag_opt(kind: str):
+    """A two-group optimizer (lr 0.1 and 0.05); ``_torch_opt`` is the same in PyTorch."""
     ap = [ag.zeros(3, dtype=np.float64, requires_grad=True) for _ in range(2)]
-
-    def groups(ps):
-        return [{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.05}]
-
     if kind == "sgd":
-        return torch.optim.SGD(groups(tp), lr=0.1, momentum=0.9), optim.SGD(groups(ap), lr=0.1, momentum=0.9)
-    return torch.optim.Adam(groups(tp), lr=0.1), optim.Adam(groups(ap), lr=0.1)
+        return optim.SGD(_groups(ap), lr=0.1, momentum=0.9)
+    return optim.Adam(_groups(ap), lr=0.1)
+
+
+def _torch_opt(torch, kind: str):
+    tp = [torch.zeros(3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    if kind == "sgd":
+        return torch.optim.SGD(_groups(tp), lr=0.1, momentum=0.9)
+    return torch.optim.Adam(_groups(tp), lr=0.1)
 
 
 def _hyper(opt) -> list[tuple]:
@@ -191,57 +197,94 @@ async def test_scheduler_state_dict_round_trip(rt) -> None:
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 @pytest.mark.parametrize("name", list(SCHEDULERS))
-async def test_scheduler_sequences_match_torch(rt, name: str, kind: str) -> None:
-    torch = pytest.importorskip("torch")
+async def test_scheduler_sequences_match_torch(rt, torch_ref, name: str, kind: str) -> None:
     make = SCHEDULERS[name]
-    topt, aopt = _opt_pair(torch, kind)
+
+    def reference(torch):
+        topt = _torch_opt(torch, kind)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ts = make(torch.optim.lr_scheduler, topt)
+            steps = [(ts.get_last_lr(), _flat(_hyper(topt)), None)]
+            for _ in range(30):
+                topt.step()
+                ts.step()
+                steps.append((ts.get_last_lr(), _flat(_hyper(topt)), getattr(ts, "last_epoch", None)))
+        return {
+            "steps": steps,
+            "base_lrs": ts.base_lrs if hasattr(ts, "base_lrs") else None,
+            "initial_lrs": [g["initial_lr"] for g in topt.param_groups],
+        }
+
+    want = torch_ref("sequence", reference, name=name, kind=kind)
+    aopt = _ag_opt(kind)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ts = make(torch.optim.lr_scheduler, topt)
         ag_s = make(lr_scheduler, aopt)
         exact = name in TORCH_CLOSED_FORM
-        assert _same(ag_s.get_last_lr(), ts.get_last_lr(), exact)
-        assert _same(_flat(_hyper(aopt)), _flat(_hyper(topt)), exact)
-        for _ in range(30):
-            topt.step()
+        (lrs, hyper, _), *steps = want["steps"]
+        assert _same(ag_s.get_last_lr(), lrs, exact)
+        assert _same(_flat(_hyper(aopt)), hyper, exact)
+        assert len(steps) == 30
+        for lrs, hyper, last_epoch in steps:
             aopt.step()
-            ts.step()
             ag_s.step()
-            assert _same(ag_s.get_last_lr(), ts.get_last_lr(), exact)
-            assert _same(_flat(_hyper(aopt)), _flat(_hyper(topt)), exact)
-            assert getattr(ag_s, "last_epoch", None) == getattr(ts, "last_epoch", None)
-        if hasattr(ts, "base_lrs"):
-            assert ag_s.base_lrs == ts.base_lrs
-        assert [g["initial_lr"] for g in aopt.param_groups] == [g["initial_lr"] for g in topt.param_groups]
+            assert _same(ag_s.get_last_lr(), lrs, exact)
+            assert _same(_flat(_hyper(aopt)), hyper, exact)
+            assert getattr(ag_s, "last_epoch", None) == last_epoch
+        if want["base_lrs"] is not None:
+            assert ag_s.base_lrs == want["base_lrs"]
+        assert [g["initial_lr"] for g in aopt.param_groups] == want["initial_lrs"]
+
+
+STEP_EPOCHS = [3, 1, 8, 8, 20, 4]
 
 
 @pytest.mark.parametrize("name", ["step", "multistep", "exponential", "cosine", "linear", "constant", "polynomial"])
-async def test_scheduler_closed_form_step_epoch_matches_torch(rt, name: str) -> None:
-    torch = pytest.importorskip("torch")
-    topt, aopt = _opt_pair(torch, "sgd")
+async def test_scheduler_closed_form_step_epoch_matches_torch(rt, torch_ref, name: str) -> None:
+    def reference(torch):
+        topt = _torch_opt(torch, "sgd")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ts = SCHEDULERS[name](torch.optim.lr_scheduler, topt)
+            lrs = []
+            for e in STEP_EPOCHS:
+                ts.step(e)
+                lrs.append(ts.get_last_lr())
+        return lrs
+
+    want = torch_ref("step_epoch", reference, name=name, epochs=STEP_EPOCHS)
+    aopt = _ag_opt("sgd")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ts = SCHEDULERS[name](torch.optim.lr_scheduler, topt)
         ag_s = SCHEDULERS[name](lr_scheduler, aopt)
-        for e in [3, 1, 8, 8, 20, 4]:
-            ts.step(e)
+        for e, lrs in zip(STEP_EPOCHS, want, strict=True):
             ag_s.step(e)
-            assert ag_s.get_last_lr() == ts.get_last_lr()
+            assert ag_s.get_last_lr() == lrs
     w = ag_s
     with pytest.warns(UserWarning, match="epoch parameter"):
         w.step(2)
 
 
-async def test_warm_restarts_fractional_epochs_match_torch(rt) -> None:
-    torch = pytest.importorskip("torch")
-    topt, aopt = _opt_pair(torch, "sgd")
-    ts = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(topt, T_0=3, T_mult=2)
-    ag_s = lr_scheduler.CosineAnnealingWarmRestarts(aopt, T_0=3, T_mult=2)
-    for e in [0.5, 1.25, 2.9, 3.0, 7.5, 10.1, 21.0, 4.0]:
-        ts.step(e)
+WARM_EPOCHS = [0.5, 1.25, 2.9, 3.0, 7.5, 10.1, 21.0, 4.0]
+
+
+async def test_warm_restarts_fractional_epochs_match_torch(rt, torch_ref) -> None:
+    def reference(torch):
+        topt = _torch_opt(torch, "sgd")
+        ts = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(topt, T_0=3, T_mult=2)
+        out = []
+        for e in WARM_EPOCHS:
+            ts.step(e)
+            out.append((ts.get_last_lr(), ts.T_cur, ts.T_i))
+        return out
+
+    want = torch_ref("warm_restarts", reference, epochs=WARM_EPOCHS)
+    ag_s = lr_scheduler.CosineAnnealingWarmRestarts(_ag_opt("sgd"), T_0=3, T_mult=2)
+    for e, (lrs, t_cur, t_i) in zip(WARM_EPOCHS, want, strict=True):
         ag_s.step(e)
-        assert ag_s.get_last_lr() == ts.get_last_lr()
-        assert ag_s.T_cur == ts.T_cur and ag_s.T_i == ts.T_i
+        assert ag_s.get_last_lr() == lrs
+        assert ag_s.T_cur == t_cur and ag_s.T_i == t_i
 
 
 @pytest.mark.parametrize(
@@ -254,16 +297,22 @@ async def test_warm_restarts_fractional_epochs_match_torch(rt) -> None:
         {"patience": 1, "factor": 0.5, "min_lr": 0.03, "eps": 0.02},
     ],
 )
-async def test_reduce_lr_on_plateau_matches_torch(rt, kw: dict) -> None:
-    torch = pytest.importorskip("torch")
-    topt, aopt = _opt_pair(torch, "sgd")
-    ts = torch.optim.lr_scheduler.ReduceLROnPlateau(topt, **kw)
-    ag_s = lr_scheduler.ReduceLROnPlateau(aopt, **kw)
+async def test_reduce_lr_on_plateau_matches_torch(rt, torch_ref, kw: dict) -> None:
     rng = np.random.default_rng(5)
     metrics = np.concatenate([np.linspace(3, 1, 8), np.full(10, 1.0), 1 + 0.04 * rng.standard_normal(30)])
-    for m in metrics:
-        ts.step(float(m))
+
+    def reference(torch):
+        ts = torch.optim.lr_scheduler.ReduceLROnPlateau(_torch_opt(torch, "sgd"), **kw)
+        out = []
+        for m in metrics:
+            ts.step(float(m))
+            out.append((ts.get_last_lr(), ts.num_bad_epochs, ts.cooldown_counter, ts.best))
+        return out
+
+    want = torch_ref("plateau", reference, kw=kw, metrics=metrics)
+    ag_s = lr_scheduler.ReduceLROnPlateau(_ag_opt("sgd"), **kw)
+    for m, (lrs, bad, cooldown, best) in zip(metrics, want, strict=True):
         ag_s.step(float(m))
-        assert ag_s.get_last_lr() == ts.get_last_lr()
-        assert (ag_s.num_bad_epochs, ag_s.cooldown_counter) == (ts.num_bad_epochs, ts.cooldown_counter)
-        assert ag_s.best == ts.best
+        assert ag_s.get_last_lr() == lrs
+        assert (ag_s.num_bad_epochs, ag_s.cooldown_counter) == (bad, cooldown)
+        assert ag_s.best == best
