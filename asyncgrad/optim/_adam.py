@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import adam_update
 from ..runtime import Tensor
 from ._optimizer import AdamFamily, fused_update, state_like
-from ._port_common import grad_term, lerp_
 
 __all__ = ["Adam", "AdamW"]
 
@@ -84,23 +84,8 @@ class Adam(AdamFamily):
             others.append(state["max_exp_avg_sq"])
 
         def kernel(pa: np.ndarray, ga: np.ndarray, m: np.ndarray, v: np.ndarray, vmax: Any = None) -> None:
-            if first:
-                m.fill(0)
-                v.fill(0)
-                if vmax is not None:
-                    vmax.fill(0)
-            d = grad_term(pa, ga, maximize, wd, lr, decoupled)
-            lerp_(m, d, 1.0 - beta1)
-            v *= beta2
-            v += (1.0 - beta2) * (d * d)
-            if vmax is not None:
-                np.maximum(vmax, v, out=vmax)
-                denom = np.sqrt(vmax)
-            else:
-                denom = np.sqrt(v)
-            denom /= bc2_sqrt
-            denom += eps
-            pa -= step_size * (m / denom)
+            adam_update(pa, ga, m, v, vmax, first, maximize, decoupled, lr, wd, beta1, beta2, eps, step_size,
+                        bc2_sqrt)
 
         fused_update(p, kernel, *others)
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import add_scaled
+from ..kernels import sgd_momentum_update
 from ..runtime import Tensor, noted_rows, rows_bound
 from ._optimizer import Optimizer, fused_update, required, state_like
 from ._port_common import grad_term
@@ -129,16 +130,6 @@ class SGD(Optimizer):
             buf = state["momentum_buffer"] = state_like(p)
 
         def with_momentum(pa: np.ndarray, ga: np.ndarray, ba: np.ndarray) -> None:
-            d = grad_term(pa, ga, maximize, wd)
-            if first:
-                np.copyto(ba, d)
-            else:
-                ba *= momentum
-                if dampening == 0.0:
-                    ba += d
-                else:
-                    ba += (1.0 - dampening) * d
-            d = d + momentum * ba if nesterov else ba
-            add_scaled(pa, -lr, d)
+            sgd_momentum_update(pa, ga, ba, first, maximize, nesterov, lr, momentum, dampening, wd)
 
         fused_update(p, with_momentum, g, buf)
