@@ -272,14 +272,13 @@ def _make(spec: str, lib: str, torch: Any = None) -> Any:
 
 
 def _operands() -> dict[str, np.ndarray]:
-    """The tensor operands' values by spec (flat: the recording keeps no zero-dim arrays), the inputs the
-    recorded torch results depend on."""
-    return {s: np.asarray(_values(s.split("[")[0], s.endswith("[3]"))).reshape(-1) for s in TENSOR_SPECS}
+    """The tensor operands' values by spec: the inputs the recorded torch results depend on."""
+    return {s: np.asarray(_values(s.split("[")[0], s.endswith("[3]"))) for s in TENSOR_SPECS}
 
 
 def _torch_results(torch: Any, f_torch: Callable[..., Any], cases: list[tuple[str, ...]]) -> dict[str, Any]:
-    """Torch's answer for each tuple of operand specs (keyed ``"a|b"``): its result dtype (as a string),
-    shape and values, or the name of the exception with which torch rejects the operands."""
+    """Torch's answer for each tuple of operand specs (keyed ``"a|b"``): its result dtype (as a string)
+    and values, or the name of the exception with which torch rejects the operands."""
     out: dict[str, Any] = {}
     for specs in cases:
         try:
@@ -289,20 +288,18 @@ def _torch_results(torch: Any, f_torch: Callable[..., Any], cases: list[tuple[st
         except (RuntimeError, TypeError) as e:
             out["|".join(specs)] = type(e).__name__
             continue
-        out["|".join(specs)] = (want.dtype, want.shape, want)
+        out["|".join(specs)] = (want.dtype, want)
     return out
 
 
 def _compare(want: Any, f_ag: Callable[..., Any], specs: tuple[str, ...]) -> str | None:
     """None when asyncgrad matches torch's dtype and values (or torch rejects the operands), else why not.
 
-    ``want`` is torch's answer from ``_torch_results``: ``(dtype string, shape, values)`` or an exception's
-    name.
+    ``want`` is torch's answer from ``_torch_results``: ``(dtype string, values)`` or an exception's name.
     """
     if isinstance(want, str):
         return None  # torch rejects these operands (bool subtraction, uint8 negative powers, ...)
-    # the recording stores a zero-dim array as one of shape (1,): the recorded shape restores it
-    want_dt, tv = want[0].removeprefix("torch."), want[2].reshape(want[1])
+    want_dt, tv = want[0].removeprefix("torch."), want[1]
     try:
         with np.errstate(all="ignore"):
             got = f_ag(*[_make(s, "ag") for s in specs])

@@ -1,4 +1,8 @@
-"""`ag.utils.data` against ``torch.utils.data`` (issue 20, part 2)."""
+"""`ag.utils.data` against ``torch.utils.data`` (issue 20, part 2).
+
+Torch's batches come through ``torch_ref`` (live where torch is installed, else recorded under
+``tests/references/``) as plain values: see ``_plain``.
+"""
 
 from __future__ import annotations
 
@@ -15,26 +19,39 @@ import trio
 import asyncgrad as ag
 from asyncgrad.utils import data
 
-torch: Any = pytest.importorskip("torch")
-tdata: Any = torch.utils.data
+
+def _type_name(v: Any) -> str:
+    return f"{type(v).__module__}.{type(v).__qualname__}"
+
+
+def _plain(torch: Any, b: Any) -> Any:
+    """A torch batch as a recordable value: ``[kind, type or dtype, contents]`` at every level."""
+    if isinstance(b, torch.Tensor):
+        return ["tensor", str(b.dtype), b]
+    if isinstance(b, dict):
+        return ["dict", _type_name(b), [[k, _plain(torch, v)] for k, v in b.items()]]
+    if isinstance(b, (list, tuple)):
+        return ["seq", _type_name(b), [_plain(torch, x) for x in b]]
+    return ["leaf", _type_name(b), b]
 
 
 def _same(a, b) -> None:  # type: ignore[no-untyped-def]
-    """An asyncgrad batch equals a torch batch: same structure, dtypes and values."""
-    if isinstance(b, torch.Tensor):
+    """An asyncgrad batch equals a torch batch (``_plain``'s form): same structure, types, dtypes and values."""
+    kind, name, v = b
+    if kind == "tensor":
         assert isinstance(a, ag.Tensor), type(a)
-        assert str(a.dtype) == str(b.dtype).replace("torch.", ""), (a.dtype, b.dtype)
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-    elif isinstance(b, dict):
-        assert type(a) is type(b) and list(a) == list(b)
-        for k in b:
-            _same(a[k], b[k])
-    elif isinstance(b, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), (type(a), type(b))
-        for x, y in zip(a, b):
+        assert str(a.dtype) == name.replace("torch.", ""), (a.dtype, name)
+        np.testing.assert_array_equal(a.numpy(), v)
+    elif kind == "dict":
+        assert _type_name(a) == name and list(a) == [k for k, _ in v], (_type_name(a), name)
+        for k, x in v:
+            _same(a[k], x)
+    elif kind == "seq":
+        assert _type_name(a) == name and len(a) == len(v), (_type_name(a), name)
+        for x, y in zip(a, v):
             _same(x, y)
     else:
-        assert a == b and type(a) is type(b)
+        assert a == v and _type_name(a) == name, (a, v, _type_name(a), name)
 
 
 Point = namedtuple("Point", ["x", "y"])
@@ -47,15 +64,28 @@ def _samples(i: int) -> list:
     ]
 
 
-async def test_default_collate_matches_torch(rt: ag.Runtime) -> None:
+async def test_default_collate_matches_torch(rt: ag.Runtime, torch_ref) -> None:
     batch = [_samples(i)[0] for i in range(4)]
-    tb = [{k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in s.items()} for s in batch]
-    _same(data.default_collate(batch), tdata.default_collate(batch))
+
+    def reference(torch: Any) -> Any:
+        tdata = torch.utils.data
+        tb = [{k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in s.items()} for s in batch]
+        return {
+            "numpy": tdata.default_collate(batch),
+            "tensors": tdata.default_collate(tb),
+            "tuples": tdata.default_collate([(1, 2.0), (3, 4.0)]),
+            "np_scalars": tdata.default_collate([np.float32(1), np.float32(2)]),
+            "convert": tdata.default_convert(np.ones(3)),
+        }
+
+    want = torch_ref("collate", lambda torch: {k: _plain(torch, v) for k, v in reference(torch).items()},
+                     batch=batch)
+    _same(data.default_collate(batch), want["numpy"])
     ab = [{k: (ag.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in s.items()} for s in batch]
-    _same(data.default_collate(ab), tdata.default_collate(tb))
-    _same(data.default_collate([(1, 2.0), (3, 4.0)]), tdata.default_collate([(1, 2.0), (3, 4.0)]))
-    _same(data.default_collate([np.float32(1), np.float32(2)]), tdata.default_collate([np.float32(1), np.float32(2)]))
-    _same(data.default_convert(np.ones(3)), tdata.default_convert(np.ones(3)))
+    _same(data.default_collate(ab), want["tensors"])
+    _same(data.default_collate([(1, 2.0), (3, 4.0)]), want["tuples"])
+    _same(data.default_collate([np.float32(1), np.float32(2)]), want["np_scalars"])
+    _same(data.default_convert(np.ones(3)), want["convert"])
     with pytest.raises(RuntimeError, match="each element in list of batch should be of equal size"):
         data.default_collate([[1, 2], [3]])
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
@@ -75,15 +105,20 @@ class _Squares(data.Dataset):
         return np.array([i, i * i], np.float64), i
 
 
-class _TSquares(tdata.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
+def _t_squares(torch: Any, n: int) -> Any:
+    """``_Squares`` as a ``torch.utils.data.Dataset``."""
 
-    def __len__(self) -> int:
-        return self.n
+    class _TSquares(torch.utils.data.Dataset):
+        def __init__(self, n: int) -> None:
+            self.n = n
 
-    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
-        return np.array([i, i * i], np.float64), i
+        def __len__(self) -> int:
+            return self.n
+
+        def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+            return np.array([i, i * i], np.float64), i
+
+    return _TSquares(n)
 
 
 class _ListSampler(data.Sampler):
@@ -108,12 +143,18 @@ class _ListSampler(data.Sampler):
         {"batch_size": 5, "collate_fn": lambda b: [s[1] for s in b]},
     ],
 )
-async def test_loader_batches_match_torch(rt: ag.Runtime, kw: dict[str, Any]) -> None:
+async def test_loader_batches_match_torch(rt: ag.Runtime, kw: dict[str, Any], torch_ref) -> None:
     n = 10
     ours = data.DataLoader(_Squares(n), **kw)
-    theirs = tdata.DataLoader(_TSquares(n), **kw)
-    assert len(ours) == len(theirs)
-    tb = list(theirs)
+
+    def reference(torch: Any) -> Any:
+        theirs = torch.utils.data.DataLoader(_t_squares(torch, n), **kw)
+        return len(theirs), [_plain(torch, b) for b in theirs]
+
+    # the collate_fn (a lambda) is recorded by its source
+    kw_in = {k: "lambda b: [s[1] for s in b]" if k == "collate_fn" else v for k, v in kw.items()}
+    t_len, tb = torch_ref("batches", reference, n=n, kw=kw_in)
+    assert len(ours) == t_len
     ob = list(ours)
     assert len(ob) == len(tb)
     for a, b in zip(ob, tb):
@@ -124,18 +165,34 @@ async def test_loader_batches_match_torch(rt: ag.Runtime, kw: dict[str, Any]) ->
         _same(a, b)
 
 
-async def test_tensor_dataset_fast_path_and_subsets(rt: ag.Runtime) -> None:
+async def test_tensor_dataset_fast_path_and_subsets(rt: ag.Runtime, torch_ref) -> None:
     x = np.random.default_rng(0).standard_normal((11, 2, 3))
     y = np.arange(11)
-    ds = data.TensorDataset(ag.tensor(x), ag.tensor(y))
-    tds = tdata.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
-    assert len(ds) == 11
-    _same(ds[3], tds[3])
     order = [3, 1, 4, 10, 5, 9, 2, 6]
     kws: list[dict[str, Any]] = [{"batch_size": 3}, {"batch_size": 3, "drop_last": True}]
-    for kw in kws:
+
+    def reference(torch: Any) -> Any:
+        tdata = torch.utils.data
+        tds = tdata.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+        tcat = tdata.ConcatDataset([tds, tds])
+        loaders = [_plain(torch, list(tdata.DataLoader(tds, sampler=order, **kw))) for kw in kws]
+        out = {
+            "item3": tds[3],
+            "subset": list(tdata.DataLoader(tdata.Subset(tds, [10, 0, 5]), batch_size=2)),
+            "subset_of_subset": list(tdata.DataLoader(tdata.Subset(tdata.Subset(tds, [10, 0, 5]), [2, 0]),
+                                                      batch_size=2)),
+            "cat15": tcat[15],
+            "cat_last": tcat[-1],
+            "plus12": (tds + tds)[12],
+        }
+        return {"cat_len": len(tcat), "loaders": loaders, **{k: _plain(torch, v) for k, v in out.items()}}
+
+    want = torch_ref("tensor_dataset", reference, x=x, y=y, order=order, kws=kws)
+    ds = data.TensorDataset(ag.tensor(x), ag.tensor(y))
+    assert len(ds) == 11
+    _same(ds[3], want["item3"])
+    for kw, (_, _, tb) in zip(kws, want["loaders"], strict=True):  # tb: the batches (_plain's contents)
         ob = list(data.DataLoader(ds, sampler=_ListSampler(order), **kw))
-        tb = list(tdata.DataLoader(tds, sampler=order, **kw))
         for a, b in zip(ob, tb, strict=True):
             _same(a, b)
         with trio.fail_after(20):
@@ -143,17 +200,15 @@ async def test_tensor_dataset_fast_path_and_subsets(rt: ag.Runtime) -> None:
         for a, b in zip(ab, tb, strict=True):
             _same(a, b)
     sub = data.Subset(ds, [10, 0, 5])
-    _same(list(data.DataLoader(sub, batch_size=2)), list(tdata.DataLoader(tdata.Subset(tds, [10, 0, 5]), batch_size=2)))
-    _same(list(data.DataLoader(data.Subset(sub, [2, 0]), batch_size=2)),
-          list(tdata.DataLoader(tdata.Subset(tdata.Subset(tds, [10, 0, 5]), [2, 0]), batch_size=2)))
+    _same(list(data.DataLoader(sub, batch_size=2)), want["subset"])
+    _same(list(data.DataLoader(data.Subset(sub, [2, 0]), batch_size=2)), want["subset_of_subset"])
     with pytest.raises(ValueError, match=r"Size mismatch between tensors: first dimensions are \[2, 3\]"):
         data.TensorDataset(ag.zeros(2), ag.zeros(3))
     cat = data.ConcatDataset([ds, ds])
-    tcat = tdata.ConcatDataset([tds, tds])
-    assert len(cat) == len(tcat) == 22
-    _same(cat[15], tcat[15])
-    _same(cat[-1], tcat[-1])
-    _same((ds + ds)[12], (tds + tds)[12])
+    assert len(cat) == want["cat_len"] == 22
+    _same(cat[15], want["cat15"])
+    _same(cat[-1], want["cat_last"])
+    _same((ds + ds)[12], want["plus12"])
 
 
 async def test_shuffle_with_a_seeded_generator(rt: ag.Runtime) -> None:
@@ -179,9 +234,20 @@ async def test_shuffle_with_a_seeded_generator(rt: ag.Runtime) -> None:
         assert [int(v) async for (bt,) in a2 for v in bt.numpy()] == ea1
 
 
-async def test_samplers(rt: ag.Runtime) -> None:
+async def test_samplers(rt: ag.Runtime, torch_ref) -> None:
     src = list(range(7))
-    assert list(data.SequentialSampler(src)) == list(tdata.SequentialSampler(src))
+
+    def reference(torch: Any) -> Any:
+        tdata = torch.utils.data
+        g = type(torch.Generator())
+        return {
+            "sequential": list(tdata.SequentialSampler(src)),
+            "batch": list(tdata.BatchSampler(tdata.SequentialSampler(range(10)), 3, False)),
+            "generator_type": [g.__module__, g.__qualname__],
+        }
+
+    want = torch_ref("samplers", reference, src=src)
+    assert list(data.SequentialSampler(src)) == want["sequential"]
     g = np.random.default_rng(0)
     r = list(data.RandomSampler(src, generator=g))
     assert sorted(r) == src
@@ -190,7 +256,7 @@ async def test_samplers(rt: ag.Runtime) -> None:
     rr = list(data.RandomSampler(src, replacement=True, num_samples=50, generator=g))
     assert len(rr) == 50 and set(rr) <= set(src)
     bs = data.BatchSampler(data.SequentialSampler(range(10)), batch_size=3, drop_last=False)
-    assert list(bs) == list(tdata.BatchSampler(tdata.SequentialSampler(range(10)), 3, False))
+    assert list(bs) == want["batch"]
     assert len(bs) == 4 and len(data.BatchSampler(range(10), 3, True)) == 3
     assert sorted(data.SubsetRandomSampler([4, 8, 9], generator=g)) == [4, 8, 9]
     w = list(data.WeightedRandomSampler([0.0, 1.0, 0.0, 3.0], 40, generator=g))
@@ -199,17 +265,22 @@ async def test_samplers(rt: ag.Runtime) -> None:
         data.RandomSampler(src, num_samples=0)
     with pytest.raises(ValueError, match="batch_size should be a positive integer"):
         data.BatchSampler(src, 0, False)
-    with pytest.raises(TypeError, match=r"numpy\.random\.Generator"):
-        data.RandomSampler(src, generator=torch.Generator())
+    # a torch.Generator (a PyTorch program's): a stand-in of its recorded type, so this runs without torch
+    module, qualname = want["generator_type"]
+    torch_generator = type(qualname.rpartition(".")[2], (), {"__module__": module, "__qualname__": qualname})()
+    with pytest.raises(TypeError, match=r"numpy\.random\.Generator.*got Generator"):
+        data.RandomSampler(src, generator=torch_generator)
 
 
-async def test_random_split(rt: ag.Runtime) -> None:
+async def test_random_split(rt: ag.Runtime, torch_ref) -> None:
     ds = data.TensorDataset(ag.arange(10))
     parts = data.random_split(ds, [3, 7], generator=np.random.default_rng(0))
     got = sorted(int(p[i][0].item()) for p in parts for i in range(len(p)))
     assert [len(p) for p in parts] == [3, 7] and got == list(range(10))
     fr = data.random_split(ds, [0.5, 0.3, 0.2], generator=np.random.default_rng(0))
-    assert [len(p) for p in fr] == [len(p) for p in tdata.random_split(range(10), [0.5, 0.3, 0.2])]
+    t_lens = torch_ref("random_split_lengths",
+                       lambda torch: [len(p) for p in torch.utils.data.random_split(range(10), [0.5, 0.3, 0.2])])
+    assert [len(p) for p in fr] == t_lens
     again = data.random_split(ds, [3, 7], generator=np.random.default_rng(0))
     assert again[0].indices == parts[0].indices
     with pytest.raises(ValueError, match="Sum of input lengths does not equal"):
@@ -228,26 +299,36 @@ class _Stream(data.IterableDataset):
         return self.n
 
 
-class _TStream(tdata.IterableDataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
+def _t_stream(torch: Any, n: int) -> Any:
+    """``_Stream`` as a ``torch.utils.data.IterableDataset``."""
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        for i in range(self.n):
-            yield {"x": np.array([i, -i], np.float32), "i": i}
+    class _TStream(torch.utils.data.IterableDataset):
+        def __init__(self, n: int) -> None:
+            self.n = n
 
-    def __len__(self) -> int:
-        return self.n
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for i in range(self.n):
+                yield {"x": np.array([i, -i], np.float32), "i": i}
+
+        def __len__(self) -> int:
+            return self.n
+
+    return _TStream(n)
 
 
-async def test_iterable_dataset(rt: ag.Runtime) -> None:
+async def test_iterable_dataset(rt: ag.Runtime, torch_ref) -> None:
     kws: list[dict[str, Any]] = [{"batch_size": 3}, {"batch_size": 3, "drop_last": True}, {"batch_size": None}]
-    for kw in kws:
-        tb = list(tdata.DataLoader(_TStream(8), **kw))
+
+    def reference(torch: Any) -> Any:
+        loaders = [torch.utils.data.DataLoader(_t_stream(torch, 8), **kw) for kw in kws]
+        return [(_plain(torch, list(loader)), len(loader)) for loader in loaders]
+
+    want = torch_ref("iterable", reference, n=8, kws=kws)
+    for kw, (tb, t_len) in zip(kws, want, strict=True):
         _same(list(data.DataLoader(_Stream(8), **kw)), tb)
         with trio.fail_after(20):
             _same([b async for b in data.DataLoader(_Stream(8), **kw)], tb)
-        assert len(data.DataLoader(_Stream(8), **kw)) == len(tdata.DataLoader(_TStream(8), **kw))
+        assert len(data.DataLoader(_Stream(8), **kw)) == t_len
     with pytest.raises(ValueError, match="expected unspecified shuffle option"):
         data.DataLoader(_Stream(3), shuffle=True)
     with pytest.raises(ValueError, match="expected unspecified sampler option"):

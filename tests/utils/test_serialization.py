@@ -132,21 +132,34 @@ async def test_module_and_optimizer_checkpoint(rt: ag.Runtime, tmp_path: Path) -
     np.testing.assert_array_equal(m2(x).numpy(), m(x).numpy())
 
 
-async def test_other_tools_read_and_write_the_format(rt: ag.Runtime, tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+async def test_other_tools_read_and_write_the_format(rt: ag.Runtime, tmp_path: Path, torch_ref) -> None:
     import safetensors.numpy
-    import safetensors.torch
 
+    rng = np.random.default_rng(2)
     m = nn.Linear(3, 2, dtype=ag.float64)
+    # fixed weights: the file's bytes are the recorded input of the torch side
+    m.load_state_dict({"weight": rng.standard_normal((2, 3)), "bias": rng.standard_normal(2)})
     ag.save(m.state_dict(), tmp_path / "m.st")
-    sd = safetensors.torch.load_file(str(tmp_path / "m.st"))  # PyTorch reads it as a state dict
-    tm = torch.nn.Linear(3, 2, dtype=torch.float64)
-    tm.load_state_dict(sd)
+    m_st = np.frombuffer((tmp_path / "m.st").read_bytes(), dtype=np.uint8).copy()
     x = np.random.default_rng(2).standard_normal((4, 3))
-    np.testing.assert_array_equal(tm(torch.from_numpy(x)).detach().numpy(), m(ag.tensor(x)).numpy())
+
+    def reference(torch: Any) -> Any:
+        import safetensors.torch
+
+        (tmp_path / "m_for_torch.st").write_bytes(m_st.tobytes())
+        sd = safetensors.torch.load_file(str(tmp_path / "m_for_torch.st"))  # PyTorch reads it as a state dict
+        tm = torch.nn.Linear(3, 2, dtype=torch.float64)
+        tm.load_state_dict(sd)
+        # and a file PyTorch writes (its bytes, for asyncgrad to load)
+        safetensors.torch.save_file(tm.state_dict(), str(tmp_path / "t_by_torch.st"))
+        t_st = np.frombuffer((tmp_path / "t_by_torch.st").read_bytes(), dtype=np.uint8).copy()
+        return tm(torch.from_numpy(x)).detach(), t_st
+
+    tout, t_st = torch_ref("safetensors_torch", reference, m_st=m_st, x=x)
+    np.testing.assert_array_equal(tout, m(ag.tensor(x)).numpy())
     assert set(safetensors.numpy.load_file(str(tmp_path / "m.st"))) == {"weight", "bias"}
     # and a file PyTorch wrote loads as {name: Tensor}, into a strict load_state_dict
-    safetensors.torch.save_file(tm.state_dict(), str(tmp_path / "t.st"))
+    (tmp_path / "t.st").write_bytes(t_st.tobytes())
     back = ag.load(tmp_path / "t.st")
     assert list(back) == ["bias", "weight"] or set(back) == {"weight", "bias"}
     m2 = nn.Linear(3, 2, dtype=ag.float64)
@@ -196,7 +209,7 @@ def _good(tmp_path: Path) -> bytes:
     return safetensors.numpy.save({"a": np.arange(4, dtype=np.float32)})
 
 
-async def test_malicious_files_are_refused(rt: ag.Runtime, tmp_path: Path) -> None:
+async def test_malicious_files_are_refused(rt: ag.Runtime, tmp_path: Path, torch_ref) -> None:
     marker = tmp_path / "pwned"
     evil = pickle.dumps({"w": _Evil(str(marker))})
     assert b"system" in evil
@@ -232,15 +245,13 @@ async def test_malicious_files_are_refused(rt: ag.Runtime, tmp_path: Path) -> No
         "deep structure": (_header_file({"__metadata__": {"asyncgrad": json.dumps(
             {"version": 1, "obj": json.loads('{"T": "list", "items": [' * 80 + "]}" * 80)})}}), "nested more"),
     }
-    torch: Any = None
-    try:
-        import torch
-    except ImportError:
-        pass
-    if torch is not None:
+
+    def torch_zip(torch: Any) -> np.ndarray:
         zbuf = io.BytesIO()
         torch.save({"w": torch.zeros(2)}, zbuf)
-        cases["torch zip"] = (zbuf.getvalue(), "zip archive.*pickles")
+        return np.frombuffer(zbuf.getvalue(), dtype=np.uint8).copy()
+
+    cases["torch zip"] = (torch_ref("torch_save_zip", torch_zip).tobytes(), "zip archive.*pickles")
     for name, (data, msg) in cases.items():
         path = tmp_path / f"{name.replace(' ', '_')}.bin"
         path.write_bytes(data)
