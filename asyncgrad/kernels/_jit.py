@@ -55,8 +55,9 @@ def _import_numba() -> Any:
                 os.environ["NUMBA_CACHE_DIR"] = str(cache_dir())
             import numba
 
-            if not numba.config.CACHE_DIR:
-                numba.config.CACHE_DIR = str(cache_dir())
+            config: Any = numba.config
+            if not config.CACHE_DIR:
+                config.CACHE_DIR = str(cache_dir())
             _numba = numba
     return _numba
 
@@ -103,6 +104,12 @@ class Kernels:
 
     def names(self) -> list[str]:
         return sorted(self._sources)
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names never registered (a registered kernel is an instance attribute)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"no compiled kernel named {name!r}; registered: {', '.join(self.names())}")
 
 
 K = Kernels()
