@@ -29,6 +29,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 @K.register
 def adam_step(p, g, m, v, vmax, first, amsgrad, maximize, decoupled,  # type: ignore[no-untyped-def]
               lr, wd, beta1, beta2, eps, step_size, bc2_sqrt):
+    # 1-D arrays of one length (flattening them here instead stops LLVM vectorising the loop: 4x slower)
     t = p.dtype.type
     w = 1.0 - beta1  # lerp's weight, as `_lerp_numpy` takes one of two forms
     small_w = w < 0.5
@@ -119,26 +120,27 @@ def _flat_order(p: np.ndarray) -> tuple[int, ...] | None:
 
 def _flat(p: np.ndarray, g: np.ndarray, states: tuple[np.ndarray, ...]) -> list[np.ndarray] | None:
     """1-D views of ``p``, ``g`` and ``states`` in ``p``'s memory order, element for element; None when the
-    compiled kernel cannot take them (the caller then runs the numpy twin). A gradient of another layout is
-    copied into ``p``'s."""
+    compiled kernel cannot take them (the caller then runs the numpy twin). A gradient of another layout is copied into
+    ``p``'s. The states must have ``p``'s layout and be writeable."""
     dt = p.dtype
-    if dt not in _FLOATS or not p.flags.writeable:
+    if dt not in _FLOATS or g.dtype != dt or g.shape != p.shape:
         return None
-    if g.dtype != dt or g.shape != p.shape:
-        return None
-    if p.flags.c_contiguous:  # the common case: a few attribute reads an array
+    shape = p.shape
+    if p.flags.carray:  # the common case (C-contiguous, aligned, writeable): a few attribute reads an array
         for s in states:
-            if s.dtype != dt or not s.flags.c_contiguous or s.shape != p.shape or not s.flags.writeable:
+            if not s.flags.carray or s.dtype != dt or s.shape != shape:
                 return None
         if not g.flags.c_contiguous:
             g = np.ascontiguousarray(g)
-        return [p.reshape(-1), g.reshape(-1), *(s.reshape(-1) for s in states)]
+        return [p.ravel(), g.ravel(), *[s.ravel() for s in states]]  # views (ravel: 0.08 us, reshape: 0.25)
+    if not p.flags.writeable:
+        return None
     order = _flat_order(p)
     if order is None:
         return None
     st = p.strides
     for s in states:
-        if s.dtype != dt or s.strides != st or s.shape != p.shape or not s.flags.writeable:
+        if s.dtype != dt or s.strides != st or s.shape != shape or not s.flags.writeable:
             return None
     if g.strides != st:
         gc = np.empty_like(p)  # p's layout (numpy keeps a dense array's axis order)
@@ -146,7 +148,7 @@ def _flat(p: np.ndarray, g: np.ndarray, states: tuple[np.ndarray, ...]) -> list[
             return None
         np.copyto(gc, g)
         g = gc
-    return [a.transpose(order).reshape(-1) for a in (p, g, *states)]
+    return [a.transpose(order).ravel() for a in (p, g, *states)]
 
 
 def _adam_jit(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, vmax: np.ndarray | None,
@@ -156,11 +158,16 @@ def _adam_jit(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, vmax: 
     if flat is None:
         _adam_numpy(p, g, m, v, vmax, first, maximize, decoupled, lr, wd, beta1, beta2, eps, step_size, bc2_sqrt)
         return
-    pf, gf, mf, vf = flat[:4]
-    K.adam_step(  # type: ignore[attr-defined]  # set by K.register at run time
-        pf, gf, mf, vf, vf if vmax is None else flat[4], bool(first), vmax is not None, bool(maximize),
-        bool(decoupled), float(lr), float(wd), float(beta1), float(beta2), float(eps), float(step_size),
-        float(bc2_sqrt))
+    # (the flags are bools and the hyper-parameters floats as the optimizers pass them: another type, an
+    # int, compiles one more specialisation with the same results)
+    if vmax is None:
+        K.adam_step(  # type: ignore[attr-defined]  # set by K.register at run time
+            flat[0], flat[1], flat[2], flat[3], flat[3], first, False, maximize, decoupled, lr, wd, beta1,
+            beta2, eps, step_size, bc2_sqrt)
+    else:
+        K.adam_step(  # type: ignore[attr-defined]
+            flat[0], flat[1], flat[2], flat[3], flat[4], first, True, maximize, decoupled, lr, wd, beta1,
+            beta2, eps, step_size, bc2_sqrt)
 
 
 def _sgd_jit(p: np.ndarray, g: np.ndarray, b: np.ndarray, first: bool, maximize: bool, nesterov: bool,
@@ -170,8 +177,7 @@ def _sgd_jit(p: np.ndarray, g: np.ndarray, b: np.ndarray, first: bool, maximize:
         _sgd_numpy(p, g, b, first, maximize, nesterov, lr, momentum, dampening, wd)
         return
     K.sgd_momentum_step(  # type: ignore[attr-defined]
-        flat[0], flat[1], flat[2], bool(first), bool(maximize), bool(nesterov), float(lr), float(momentum),
-        float(dampening), float(wd))
+        flat[0], flat[1], flat[2], first, maximize, nesterov, lr, momentum, dampening, wd)
 
 
 # ---- numpy twins -----------------------------------------------------------------------------------------
