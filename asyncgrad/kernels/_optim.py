@@ -5,11 +5,11 @@ buffer), where the numpy twin makes 8-12 numpy calls (each ~1 us of fixed cost h
 most of the update of a parameter of a few hundred elements). The compiled kernels loop over flat 1-D views
 of the arrays in memory order; they compute in the arrays' dtype (float32 stays float32: each hyper-parameter
 is passed as a float64 and rounded to the dtype once, as numpy rounds a Python float operand) with the numpy
-code's operations in its order, so both give the same results up to float32 rounding (numpy's SIMD loops and
-BLAS's axpy may fuse a multiply-add where the compiled loop rounds twice).
+code's operations in its order, so both give the same results up to float32 rounding (measured: bit for bit;
+numpy's SIMD loops could fuse a multiply-add where the compiled loop rounds twice).
 
 Arrays the compiled kernels cannot view flat together (another dtype than float32/float64, a state of
-another layout than the parameter's, negative or overlapping strides) take the numpy twin; a gradient of
+another layout than the parameter's, a non-dense view or negative strides) take the numpy twin; a gradient of
 another layout is first copied into the parameter's.
 """
 
