@@ -271,7 +271,7 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
     with safe_open(str(path), framework="np") as f:
         meta = json.loads((f.metadata() or {})[META_KEY])
-        arrays = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118  (safe_open has no iteration)
+        arrays = {k: f.get_tensor(k) for k in f.keys()}
     if meta.get("format") != FORMAT:
         raise RuntimeError(f"{path}: reference format {meta.get('format')}, this suite reads {FORMAT}")
     return meta, arrays

@@ -8,7 +8,6 @@ import numpy as np
 
 import asyncgrad as ag
 
-
 # ---- addcmul / addcdiv ---------------------------------------------------------------------------------------
 
 
