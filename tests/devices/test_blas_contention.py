@@ -18,6 +18,9 @@ import trio
 import asyncgrad as ag
 from asyncgrad.devices import _blas
 
+# timing bounds: run alone, not beside another xdist worker (README's serial phase)
+pytestmark = pytest.mark.serial
+
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the load is read from /proc/stat")
 BUSY = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end:\n    pass\n"
 

@@ -22,6 +22,9 @@ import numpy as np
 from asyncgrad.devices import _blas
 from threadpoolctl import ThreadpoolController
 
+# timing bounds: run alone, not beside another xdist worker (README's serial phase)
+pytestmark = pytest.mark.serial
+
 libs = [l for l in ThreadpoolController().lib_controllers
         if l.info().get("internal_api") == "openblas" and l.info().get("threading_layer") == "pthreads"]
 if not libs or not hasattr(libs[0].dynlib, "blas_thread_shutdown_"):

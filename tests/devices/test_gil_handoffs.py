@@ -11,6 +11,9 @@ import pytest
 
 from asyncgrad.devices import _blas
 
+# timing bounds: run alone, not beside another xdist worker (README's serial phase)
+pytestmark = pytest.mark.serial
+
 needs_axpy = pytest.mark.skipif(not _blas._find_axpy(), reason="no OpenBLAS axpy in this numpy")
 
 

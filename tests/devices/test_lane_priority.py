@@ -15,6 +15,9 @@ import trio
 import asyncgrad as ag
 from asyncgrad.devices import DEFAULT_LANE_NICE
 
+# timing bounds: run alone, not beside another xdist worker (README's serial phase)
+pytestmark = pytest.mark.serial
+
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 
 

@@ -14,6 +14,9 @@ from asyncgrad.distributed import _connection, _spin
 
 from ._fns import identity
 
+# timing bounds: run alone, not beside another xdist worker (README's serial phase)
+pytestmark = pytest.mark.serial
+
 
 def _traffic() -> None:
     _connection.ACTIVITY[0] += 1

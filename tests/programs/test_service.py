@@ -19,6 +19,9 @@ import numpy as np
 import pytest
 import trio
 
+# timing bounds: run alone, not beside another xdist worker (README's serial phase)
+pytestmark = pytest.mark.serial
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("hypercorn")
 datasets = pytest.importorskip("sklearn.datasets")

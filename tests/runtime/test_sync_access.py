@@ -18,6 +18,9 @@ import trio
 import asyncgrad as ag
 from asyncgrad.runtime import BLOCKED_WARN_S
 
+# timing bounds: run alone, not beside another xdist worker (README's serial phase)
+pytestmark = pytest.mark.serial
+
 
 def slow_value(n: int = 600, reps: int = 8) -> tuple[ag.Tensor, Expected]:
     """A one-element tensor behind ``reps`` queued matmuls (tens of ms of kernels), and a way to get its
