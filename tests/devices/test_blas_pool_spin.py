@@ -12,6 +12,9 @@ import time
 
 import pytest
 
+# timing bounds: run alone, not beside another xdist worker (README's serial phase)
+pytestmark = pytest.mark.serial
+
 SCRIPT = r"""
 import json, os, sys, threading, time
 if sys.argv[1] == "numpy-first":
@@ -21,9 +24,6 @@ import asyncgrad as ag
 import numpy as np
 from asyncgrad.devices import _blas
 from threadpoolctl import ThreadpoolController
-
-# timing bounds: run alone, not beside another xdist worker (README's serial phase)
-pytestmark = pytest.mark.serial
 
 libs = [l for l in ThreadpoolController().lib_controllers
         if l.info().get("internal_api") == "openblas" and l.info().get("threading_layer") == "pthreads"]
