@@ -145,8 +145,9 @@ class _Process:
             pass
         self.pid: int | None = self.popen.pid
         self._pidfd: int | None = None
-        self._waiting = False
-        self._exited = trio.Event()
+        # set when the task watching the pidfd stops watching, for whatever reason (the process exited,
+        # or that task was cancelled): the other waiters then look again, and one of them takes over
+        self._watch: trio.Event | None = None
         try:
             self._pidfd = os.pidfd_open(self.popen.pid)
         except (AttributeError, OSError):
@@ -161,20 +162,25 @@ class _Process:
         return self.popen.poll() is not None
 
     async def wait(self) -> int:
-        if self._waiting:  # one task watches the pidfd; the others wait for it to say so
-            await self._exited.wait()
-            return self.popen.returncode
-        self._waiting = True
-        try:
-            while self.popen.poll() is None:
+        # One task at a time watches the pidfd (trio allows one reader per descriptor); the others wait
+        # for it to stop. A watcher that is cancelled (the worker's monitor, when the block around the
+        # workers is cancelled) wakes them too, so a shielded close still sees the exit at once: before,
+        # it waited for an event that the cancelled watcher never set, and sat out the 10 s kill timeout.
+        while self.popen.poll() is None:
+            if self._watch is not None:
+                await self._watch.wait()
+                continue
+            self._watch = watch = trio.Event()
+            try:
                 if self._pidfd is not None:
                     await trio.lowlevel.wait_readable(self._pidfd)
                 else:
                     await trio.sleep(0.02)
-        finally:
-            self._waiting = False
-        self._close_pidfd()
-        self._exited.set()
+            finally:
+                self._watch = None
+                watch.set()
+        if self._watch is None:  # (a watcher still to wake from the readable pidfd closes it itself)
+            self._close_pidfd()
         return self.popen.returncode
 
     def kill(self) -> None:

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import asyncgrad as ag
 from asyncgrad import distributed as dist
@@ -276,11 +277,45 @@ async def test_shutdown_leaves_no_process_thread_or_fd(rt) -> None:
                 workers[0].call_nowait(_fns.sleep, 30)
                 1 / 0  # noqa: B018
     assert children() == kids and fds() <= files and threads() <= before
-    with trio.move_on_after(5) as cs:
+    with trio.CancelScope() as cs:
         async with dist.open_workers(1) as workers:
+            cs.deadline = trio.current_time() + 0.5  # cancelled while the call runs, once the worker is up
             await workers[0].call(_fns.sleep, 30)
     assert cs.cancelled_caught
     assert children() == kids and fds() <= files and threads() <= before
+
+
+async def test_a_cancelled_exit_watcher_does_not_keep_the_other_waiters_waiting() -> None:
+    """Two tasks wait for one worker process's exit; the one watching its pidfd is cancelled (as the
+    workers' monitor is when the block around them is). The other must see the exit when it happens: it
+    used to wait for word from the cancelled watcher, which never came, until the 10 s kill timeout."""
+    from asyncgrad.distributed._workers import _Process
+
+    script = "import sys, time; sys.stdin.readline(); time.sleep(0.3)"
+    proc = _Process([sys.executable, "-c", script], dict(os.environ), b"secret")
+    try:
+        with trio.fail_after(5):  # (the bug: a hang here)
+            async with trio.open_nursery() as n:
+                watcher = trio.CancelScope()
+
+                async def watch() -> None:
+                    with watcher:
+                        await proc.wait()
+
+                n.start_soon(watch)
+                await trio.testing.wait_all_tasks_blocked()  # the watcher is on the pidfd
+                got: list[int] = []
+
+                async def wait_too() -> None:
+                    got.append(await proc.wait())
+
+                n.start_soon(wait_too)
+                await trio.testing.wait_all_tasks_blocked()
+                watcher.cancel()
+            assert got == [0] and proc.ended and watcher.cancelled_caught
+    finally:
+        proc.kill()
+        proc.close()
 
 
 async def test_a_worker_from_another_host_joins_with_a_token_file(rt, tmp_path) -> None:
