@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
+import os
+import sys
+from pathlib import Path
 
-import asyncgrad as ag
-from tests._reference import torch_ref  # noqa: F401  (the fixture: recorded or live torch references)
+
+def _cache_bytecode() -> None:
+    """Keep compiled bytecode for this run and the processes it starts, outside the source tree.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set (some CI images set it), every worker, rank and loader process the
+    suite starts would compile the whole package from source again (~0.3 s of CPU each, hundreds of times).
+    The variable's purpose, no ``__pycache__`` in the checkout, is kept: the bytecode goes under the user's
+    cache directory instead (``PYTHONPYCACHEPREFIX``), which the children inherit.
+    """
+    if not os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+        return
+    prefix = os.environ.get("PYTHONPYCACHEPREFIX")
+    if not prefix:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        prefix = os.environ["PYTHONPYCACHEPREFIX"] = str(Path(base) / "asyncgrad" / "test-pycache")
+    sys.pycache_prefix = prefix
+    sys.dont_write_bytecode = False
+
+
+_cache_bytecode()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import asyncgrad as ag  # noqa: E402
+from tests._reference import torch_ref  # noqa: E402, F401  (the fixture: recorded or live torch references)
 
 
 @pytest.fixture

@@ -115,7 +115,6 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.serial  # a wall-time and peak-memory bound: run alone
 def test_w4_reentrant_chain_depth_100k_threads_recursion_and_memory():
     """Depth 20,000 and 100,000 side by side (separate processes): values, threads, recursion, RSS."""
     env = _child_env()

@@ -183,7 +183,7 @@ async def test_500_fuzzed_frames_leave_the_worker_serving(rt, transport) -> None
                         if i % 7:
                             _peer.send_message(conn, [_peer.PEER, {"name": f"fuzz{i}"}])
                         await conn.send_all(data)
-                    with trio.move_on_after(0.5):  # the worker closes on a bad frame; a cut one waits for us
+                    with trio.move_on_after(0.25):  # the worker closes on a bad frame; a cut one waits for us
                         while True:
                             await conn.recv_exact(1)
                 except _connection.ConnectionClosed:
@@ -193,7 +193,7 @@ async def test_500_fuzzed_frames_leave_the_worker_serving(rt, transport) -> None
                 finally:
                     conn.close()
 
-            limiter = trio.CapacityLimiter(16)
+            limiter = trio.CapacityLimiter(48)
 
             async def limited(i: int, data: bytes) -> None:
                 async with limiter:
