@@ -114,7 +114,8 @@ def env_lines() -> list[str]:
     lines = [
         f"python {sys.version.split()[0]}  numpy {np.__version__}  cores={os.cpu_count()}"
         f"  OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}"
-        f"  OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}  {load_line()}",
+        f"  OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}"
+        f"  OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}  {load_line()}",
         blas_line(),
     ]
     try:

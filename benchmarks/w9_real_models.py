@@ -13,25 +13,28 @@ Each step is forward, backward and an SGD update (lr 0.01). Contenders per model
 ``torch.set_num_threads(1)`` and ``(2)``; asyncgrad eager in a runtime whose BLAS threads match each torch
 column (``open_runtime(lanes=1, blas_threads=n)``) and with the runtime's defaults; ``ag.compile(step)``
 too when the library has it. Before timing, one step from the same weights and data (dropout off) must give
-torch's loss and parameters; the timing then alternates contenders round by round and reports medians
-and the median of per-round ratios to torch (each ratio from figures taken seconds apart).
+torch's loss and parameters; the timing then alternates contenders round by round, each repeat in a fresh interpreter (a
+contender's spinning thread pool would slow the next one), and reports medians and the median of per-round
+ratios to torch (each ratio from figures taken seconds apart).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _common import Failed, blas_info, blas_line, fmt, have, load_line, median, say, table
+from _common import Failed, blas_info, blas_line, fmt, have, load_line, median, run_child, say, table
 
 LR = 0.01
 MODELS = ("gpt", "cnn", "lstm")
 # steps per timed repeat (about the same wall time per model on 1 thread)
-STEPS = {"gpt": 20, "cnn": 6, "lstm": 3}
+STEPS = {"gpt": 40, "cnn": 8, "lstm": 4}
 
 # ---- shapes ---------------------------------------------------------------------------------------
 
@@ -281,6 +284,29 @@ def check_same(model: str, weights: dict[str, np.ndarray]) -> str:
             + ("" if ok else "  << DIFFERS"))
 
 
+# ---- one contender's repeat in a fresh interpreter ----------------------------------------------------
+
+
+def contender_ms(kind: str, model: str, weights_path: str, n: int, threads: int = 1, lanes: int | None = None,
+                 blas: int | None = None, compiled: bool = False) -> dict[str, Any]:
+    """One repeat of one contender, run by ``_child.py`` in a fresh interpreter (``kind``: torch or ag).
+
+    In one shared process the contenders spoiled each other on 2 cores: the thread pool of the one just
+    timed (torch's OpenMP pool, OpenBLAS's) still spins while the next one runs. Measured so, asyncgrad's
+    CNN with 2 BLAS threads took 141 ms a step instead of 68, and torch's 1-thread GPT step 5.3 ms
+    instead of 2.1."""
+    with np.load(weights_path) as f:
+        weights = {k: f[k] for k in f.files}
+    # a fresh interpreter loads lazily what a long-lived one has at hand (kernels from the disk cache,
+    # BLAS buffers, allocator arenas): one untimed run of the same contender first
+    if kind == "torch":
+        torch_ms(model, weights, threads, max(2, n // 2))
+        return {"ms": torch_ms(model, weights, threads, n), "info": {}}
+    ag_ms(model, weights, lanes, blas, max(2, n // 2), compiled)
+    ms, info = ag_ms(model, weights, lanes, blas, n, compiled)
+    return {"ms": ms, "info": info}
+
+
 # ---- the workload ---------------------------------------------------------------------------------
 
 
@@ -305,7 +331,9 @@ def run(quick: bool = False, models: tuple[str, ...] = MODELS) -> dict[str, Any]
     has_compile = hasattr(ag, "compile")
     say(f"  torch {torch.__version__}, interop threads {torch.get_num_interop_threads()}; "
         f"ag.compile: {'present, timed' if has_compile else 'absent (eager only)'}")
+    say("  each figure: one repeat in a fresh interpreter (contenders alternate, round by round)")
     out: dict[str, Any] = {"rounds": rounds, "models": {}, "load_before": load_line()}
+    tmp = tempfile.mkdtemp(prefix="w9-weights-")
     for model in models:
         w = init_weights(model)
         n = max(2, STEPS[model] // (2 if quick else 1))
@@ -317,20 +345,29 @@ def run(quick: bool = False, models: tuple[str, ...] = MODELS) -> dict[str, Any]
             check = str(Failed(e))
         say(f"    same computation: {check}")
         extra: dict[str, Any] = {}
-        contenders: dict[str, Callable[[], float]] = {
-            "torch 1 thread": lambda model=model, w=w, n=n: torch_ms(model, w, 1, n),  # type: ignore[misc]
-            "torch 2 threads": lambda model=model, w=w, n=n: torch_ms(model, w, 2, n),  # type: ignore[misc]
-        }
+        wpath = os.path.join(tmp, f"{model}.npz")
+        np.savez(wpath, **w)
 
-        def agc(lanes: int | None, blas: int | None, key: str, compiled: bool = False,
-                model: str = model, w: dict[str, np.ndarray] = w, n: int = n,
-                extra: dict[str, Any] = extra) -> Callable[[], float]:
+        def child(key: str, extra: dict[str, Any] = extra, **kw: Any) -> Callable[[], float]:
             def one() -> float:
-                ms, info = ag_ms(model, w, lanes, blas, n, compiled)
-                extra[key] = info
-                return ms
+                r = run_child("w9_real_models", "contender_ms", kw, timeout=600)
+                if "error" in r:
+                    raise RuntimeError(r["error"])
+                if r["info"]:
+                    extra[key] = r["info"]
+                return float(r["ms"])
 
             return one
+
+        def torchc(threads: int, model: str = model, n: int = n, wpath: str = wpath) -> Callable[[], float]:
+            return child("", kind="torch", model=model, weights_path=wpath, n=n, threads=threads)
+
+        def agc(lanes: int | None, blas: int | None, key: str, compiled: bool = False,
+                model: str = model, n: int = n, wpath: str = wpath) -> Callable[[], float]:
+            return child(key, kind="ag", model=model, weights_path=wpath, n=n, lanes=lanes, blas=blas,
+                         compiled=compiled)
+
+        contenders: dict[str, Callable[[], float]] = {"torch 1 thread": torchc(1), "torch 2 threads": torchc(2)}
 
         contenders["asyncgrad 1 BLAS thread"] = agc(1, 1, "asyncgrad 1 BLAS thread")
         contenders["asyncgrad 2 BLAS threads"] = agc(1, 2, "asyncgrad 2 BLAS threads")
@@ -369,6 +406,7 @@ def run(quick: bool = False, models: tuple[str, ...] = MODELS) -> dict[str, Any]
                                       "paired_vs_" + anchor.replace(" ", "_"): paired, **info}
         say(table(["contender", "ms/step med", "best", "/torch1 med", "/torch2 med", "paired", "BLAS thr"], rows))
         out["models"][model] = mo
+    shutil.rmtree(tmp, ignore_errors=True)
     out["load_after"] = load_line()
     out["blas"] = blas_info()
     say(f"  {out['load_before']} before, {out['load_after']} after")
