@@ -6,6 +6,9 @@ run two of them at once. ``ASYNCGRAD_JIT=0``, or numba not installed, selects th
 then False); each public function here is the compiled kernel or its twin, chosen once at import.
 """
 
+from ._elementwise import fusable as fusable
+from ._elementwise import sigmoid_backward as sigmoid_backward
+from ._elementwise import tanh_backward as tanh_backward
 from ._embedding import embedding_scatter_add_ as embedding_scatter_add_
 from ._gelu import erf32 as erf32
 from ._gelu import gelu32 as gelu32
@@ -27,11 +30,14 @@ __all__ = [
     "cache_dir",
     "embedding_scatter_add_",
     "erf32",
+    "fusable",
     "gelu32",
     "gelu32_backward",
     "layer_norm_backward",
     "layer_norm_forward",
     "sgd_momentum_update",
+    "sigmoid_backward",
     "softmax_backward_lastdim_",
     "softmax_lastdim_",
+    "tanh_backward",
 ]
