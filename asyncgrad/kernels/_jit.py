@@ -12,11 +12,13 @@ are the reference each compiled kernel is tested against.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,28 @@ def cache_dir() -> Path:
 
 _numba: Any = None
 _import_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _compile_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive lock file of kernel ``name`` in the cache directory for its first call.
+
+    Processes that start together on a cold cache (a population's workers, pytest-xdist's) would each
+    compile every kernel; with the lock, one compiles and writes the cache while the others wait, then load
+    it. Only a kernel's first call in a process takes it. An unwritable cache directory means no lock (each
+    process compiles, as numba alone would)."""
+    try:
+        d = cache_dir() / "locks"
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
 
 
 def _import_numba() -> Any:
@@ -79,7 +103,9 @@ class Kernels:
         self._sources[name] = fn
 
         def first_call(*args: Any) -> Any:
-            return self.compile(name)(*args)
+            disp = self.compile(name)
+            with _compile_lock(name):
+                return disp(*args)  # numba compiles (or loads from the cache) on this first call
 
         first_call.__name__ = f"{name}_uncompiled"
         setattr(self, name, first_call)

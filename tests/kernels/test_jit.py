@@ -64,3 +64,40 @@ def test_asyncgrad_jit_0_selects_the_numpy_twins() -> None:
         ASYNCGRAD_JIT="0",
     )
     assert out == "False True True True"
+
+
+@pytest.mark.skipif(not asyncgrad.kernels.JIT, reason="compiled kernels are off")
+def test_processes_starting_together_on_a_cold_cache_compile_a_kernel_once(tmp_path: Path) -> None:
+    """Two processes make a kernel's first call at the same moment (as a population's workers do): one
+    compiles it and writes the cache, the other waits for it and loads the cached code."""
+    go = tmp_path / "go"
+    code = (
+        "import os, sys, time, numpy as np\n"
+        "from asyncgrad.kernels import K, layer_norm_forward\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.005)\n"
+        "x = np.ones((2, 3), np.float32)\n"
+        "layer_norm_forward(x, None, None, 1e-5, np.empty_like(x), np.empty(2, x.dtype), np.empty(2, x.dtype))\n"
+        "st = K.ln_forward_rows.stats\n"
+        "print(sum(st.cache_misses.values()), sum(st.cache_hits.values()))\n"
+    )
+    e = {k: v for k, v in os.environ.items() if k not in ("ASYNCGRAD_JIT", "NUMBA_CACHE_DIR")}
+    e["ASYNCGRAD_CACHE_DIR"] = str(tmp_path / "cache")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        go.touch()
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+            outs.append(tuple(int(v) for v in out.split()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert sorted(outs) == [(0, 1), (1, 0)], f"(misses, hits) per process: {outs}"
