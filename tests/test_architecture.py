@@ -8,6 +8,7 @@ so a lazy ``importlib`` load is not seen: the only ones allowed are listed in `L
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import sys
 from collections import defaultdict
@@ -78,6 +79,13 @@ def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> list[str]:
     return out
 
 
+@functools.cache
+def _tree(path: pathlib.Path) -> ast.Module:
+    """A module's syntax tree, parsed once per process (each test builds its own `Graph`; nothing mutates
+    the trees)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 class Graph:
     """Every import between asyncgrad modules: module-level (with type-only ones apart) and function-level."""
 
@@ -89,7 +97,7 @@ class Graph:
         for path in sorted(PKG.rglob("*.py")):
             mod = _modname(path)
             self.modules[mod] = path
-            tree = ast.parse(path.read_text(), str(path))
+            tree = _tree(path)
             is_pkg = path.name == "__init__.py"
             self._walk(mod, is_pkg, tree.body, nested=False, type_only=False)
 
@@ -228,7 +236,7 @@ def test_every_op_is_defined_in_an_op_family() -> None:
     for mod, path in Graph().modules.items():
         if mod.startswith("asyncgrad.ops") or mod in KERNEL_ONLY_OPS:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "defop":
                 outside.append(f"{mod}:{node.lineno}")
     assert outside == []
