@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import lane_empty
-from ..kernels import fusable, sigmoid_backward, tanh_backward
+from ..kernels import JIT, fusable, sigmoid_backward, tanh_backward
 from ..runtime._dispatch import apply, apply1, apply2
 from ..runtime._meta import broadcast_shapes, check_int_div
 from ..runtime._op import Op, OpError, defop
@@ -303,13 +303,15 @@ def _log_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tupl
 
 
 def _tanh_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
-    if fusable(g, out):  # one compiled pass instead of three ufuncs (bit-identical)
+    # one compiled pass instead of three ufuncs, bit-identical (with the kernels off, the expression below
+    # is the twin itself: no check per node)
+    if JIT and fusable(g, out):
         return (tanh_backward(g, out),)
     return (g * (1 - out * out),)
 
 
 def _sigmoid_rule(xp: Any, g: Any, args: Any, out: Any, kw: Any, needs: Any) -> tuple[Any, ...]:
-    if fusable(g, out):
+    if JIT and fusable(g, out):
         return (sigmoid_backward(g, out),)
     return (g * out * (1 - out),)
 
